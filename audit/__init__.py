@@ -1,0 +1,1 @@
+"""Export of replication logs to Parquet and the Spark consistency audit."""

@@ -1,0 +1,1 @@
+"""The broker: aiohttp server, replica manager, partition state, delayed operations."""

@@ -1,0 +1,1 @@
+"""Asyncio producer, consumer and admin client."""

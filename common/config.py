@@ -1,0 +1,182 @@
+"""Configuration with Kafka's names and defaults.
+
+``BROKER_CONFIGS`` / ``CONTROLLER_CONFIGS`` list every key a process accepts
+(``--set key=value``). Topic-level overrides use Kafka's topic names
+(``segment.bytes``), which map to broker defaults (``log.segment.bytes``) as in
+Kafka's ``LogConfig``. Unknown keys and values of the wrong type are errors
+with a readable message, never silently ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+DAY_MS = 24 * 60 * 60 * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigDef:
+    name: str
+    type: type
+    default: Any
+    doc: str
+    topic_name: str | None = None  # the per-topic override, when Kafka allows one
+    min_value: int | None = None
+
+
+def _defs(*items: ConfigDef) -> dict[str, ConfigDef]:
+    return {d.name: d for d in items}
+
+
+BROKER_CONFIGS: dict[str, ConfigDef] = _defs(
+    # log
+    ConfigDef("log.segment.bytes", int, 1024 * 1024 * 1024, "segment file size before a roll",
+              "segment.bytes", 1024),
+    ConfigDef("log.roll.ms", int, 7 * DAY_MS, "segment age before a roll", "segment.ms", 1),
+    ConfigDef("log.retention.bytes", int, -1, "max log size (-1 = unlimited)", "retention.bytes"),
+    ConfigDef("log.retention.ms", int, 7 * DAY_MS, "max record age (-1 = unlimited)", "retention.ms"),
+    ConfigDef("log.index.interval.bytes", int, 4096, "bytes between offset index entries",
+              "index.interval.bytes", 0),
+    ConfigDef("log.flush.interval.messages", int, 2**63 - 1, "fsync after this many messages",
+              "flush.messages", 1),
+    ConfigDef("log.flush.interval.ms", int, 2**63 - 1, "fsync after this long", "flush.ms", 0),
+    ConfigDef("log.retention.check.interval.ms", int, 300_000, "how often retention runs", None, 1),
+    ConfigDef("log.flush.offset.checkpoint.interval.ms", int, 60_000,
+              "recovery-point checkpoint interval", None, 1),
+    ConfigDef("message.max.bytes", int, 1024 * 1024 + 12, "largest record batch accepted",
+              "max.message.bytes", 0),
+    # replication
+    ConfigDef("min.insync.replicas", int, 1, "ISR size needed for acks=all", "min.insync.replicas", 1),
+    ConfigDef("unclean.leader.election.enable", bool, False, "elect an out-of-sync replica if no ISR is live",
+              "unclean.leader.election.enable"),
+    ConfigDef("replica.lag.time.max.ms", int, 30_000, "follower not caught up this long leaves the ISR",
+              None, 1),
+    ConfigDef("replica.high.watermark.checkpoint.interval.ms", int, 5_000, "HW checkpoint interval",
+              None, 1),
+    ConfigDef("num.replica.fetchers", int, 1, "fetcher tasks per source broker", None, 1),
+    ConfigDef("replica.fetch.wait.max.ms", int, 500, "follower fetch long-poll wait", None, 0),
+    ConfigDef("replica.fetch.min.bytes", int, 1, "follower fetch min bytes", None, 1),
+    ConfigDef("replica.fetch.max.bytes", int, 1024 * 1024, "follower fetch bytes per partition", None, 1),
+    ConfigDef("replica.fetch.response.max.bytes", int, 10 * 1024 * 1024, "follower fetch bytes per response",
+              None, 1),
+    ConfigDef("replica.fetch.backoff.ms", int, 1_000, "park a failing partition this long", None, 0),
+    ConfigDef("replica.socket.timeout.ms", int, 30_000, "follower request timeout", None, 1),
+    ConfigDef("request.timeout.ms", int, 30_000, "upper bound on a delayed produce", None, 1),
+    # controller link
+    ConfigDef("broker.heartbeat.interval.ms", int, 2_000, "broker -> controller heartbeat interval", None, 1),
+    ConfigDef("broker.session.timeout.ms", int, 9_000, "broker fenced after this silence", None, 1),
+    ConfigDef("controlled.shutdown.enable", bool, True, "move leaderships away before stopping"),
+    ConfigDef("controlled.shutdown.max.wait.ms", int, 30_000, "bound on controlled shutdown", None, 0),
+)
+
+CONTROLLER_CONFIGS: dict[str, ConfigDef] = _defs(
+    ConfigDef("broker.heartbeat.interval.ms", int, 2_000, "heartbeat interval told to brokers", None, 1),
+    ConfigDef("broker.session.timeout.ms", int, 9_000, "broker fenced after this silence", None, 1),
+    ConfigDef("auto.leader.rebalance.enable", bool, True, "move leadership back to preferred replicas"),
+    ConfigDef("leader.imbalance.check.interval.seconds", int, 300, "preferred election timer", None, 1),
+    ConfigDef("leader.imbalance.per.broker.percentage", int, 10, "imbalance threshold per broker", None, 0),
+    ConfigDef("default.replication.factor", int, 1, "replication factor when none is given", None, 1),
+    ConfigDef("num.partitions", int, 1, "partitions when none are given", None, 1),
+    ConfigDef("metadata.snapshot.interval.records", int, 1_000, "journal records between snapshots", None, 1),
+    ConfigDef("min.insync.replicas", int, 1, "default for new topics", None, 1),
+    ConfigDef("unclean.leader.election.enable", bool, False, "default for new topics"),
+)
+
+TOPIC_CONFIGS: dict[str, ConfigDef] = {d.topic_name: d for d in BROKER_CONFIGS.values() if d.topic_name}
+
+
+class ConfigError(ValueError):
+    """A bad key or value; the message says which and why."""
+
+
+def parse_value(d: ConfigDef, raw: Any) -> Any:
+    if d.type is bool:
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("true", "1", "yes"):
+            return True
+        if text in ("false", "0", "no"):
+            return False
+        raise ConfigError(f"{d.name}: expected true or false, got {raw!r}")
+    if d.type is int:
+        if isinstance(raw, bool):
+            raise ConfigError(f"{d.name}: expected an integer, got {raw!r}")
+        try:
+            value = int(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{d.name}: expected an integer, got {raw!r}") from None
+        if d.min_value is not None and value < d.min_value:
+            raise ConfigError(f"{d.name}: must be >= {d.min_value}, got {value}")
+        return value
+    return str(raw)
+
+
+def parse_assignments(items: Iterable[str]) -> dict[str, str]:
+    """``["a=1", "b=x"]`` -> ``{"a": "1", "b": "x"}``; ``ConfigError`` on a malformed item."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"expected key=value, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+class Config:
+    """A resolved set of values: defaults overridden by explicit settings."""
+
+    def __init__(self, defs: Mapping[str, ConfigDef], overrides: Mapping[str, Any] | None = None) -> None:
+        self._defs = defs
+        self._values: dict[str, Any] = {k: d.default for k, d in defs.items()}
+        for key, raw in (overrides or {}).items():
+            if key not in defs:
+                raise ConfigError(f"unknown config {key!r} (known: {', '.join(sorted(defs))})")
+            self._values[key] = parse_value(defs[key], raw)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def get_int(self, key: str) -> int:
+        value = self._values[key]
+        assert isinstance(value, int)
+        return value
+
+    def get_bool(self, key: str) -> bool:
+        value = self._values[key]
+        assert isinstance(value, bool)
+        return value
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    def with_topic_overrides(self, topic_configs: Mapping[str, Any]) -> Config:
+        """The effective config for one topic: broker values overridden by topic-level keys."""
+        overrides = dict(self._values)
+        for key, raw in topic_configs.items():
+            d = TOPIC_CONFIGS.get(key)
+            if d is None:
+                raise ConfigError(f"unknown topic config {key!r} (known: {', '.join(sorted(TOPIC_CONFIGS))})")
+            overrides[d.name] = raw
+        return Config(self._defs, overrides)
+
+
+def broker_config(overrides: Mapping[str, Any] | None = None) -> Config:
+    return Config(BROKER_CONFIGS, overrides)
+
+
+def controller_config(overrides: Mapping[str, Any] | None = None) -> Config:
+    return Config(CONTROLLER_CONFIGS, overrides)
+
+
+def validate_topic_configs(configs: Mapping[str, Any]) -> dict[str, Any]:
+    """Parse topic-level configs into typed values; ``ConfigError`` names the bad one."""
+    out: dict[str, Any] = {}
+    for key, raw in configs.items():
+        d = TOPIC_CONFIGS.get(key)
+        if d is None:
+            raise ConfigError(f"unknown topic config {key!r} (known: {', '.join(sorted(TOPIC_CONFIGS))})")
+        out[key] = parse_value(d, raw)
+    return out

@@ -1,0 +1,93 @@
+"""The wire: msgpack bodies over HTTP/1.1, ``POST /v1/<api>``.
+
+``decode_body`` turns bytes into a dict or raises ``BadRequest`` (HTTP 400);
+the ``field`` helpers pull typed, bounded fields out of a decoded body so a
+handler never sees an ill-typed value. See ``docs/protocol.md`` for every API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple, TypeVar
+
+import msgpack
+
+CONTENT_TYPE = "application/x-msgpack"
+MAX_INT64 = 2**63 - 1
+MAX_INT32 = 2**31 - 1
+
+
+class TopicPartition(NamedTuple):
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+
+class BadRequest(ValueError):
+    """A malformed request body: answered with HTTP 400 and this message."""
+
+
+def encode(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def decode(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+def decode_body(data: bytes) -> dict[str, Any]:
+    try:
+        obj = decode(data)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise BadRequest(f"body is not valid msgpack: {exc.__class__.__name__}") from None
+    if not isinstance(obj, dict):
+        raise BadRequest(f"body must be a msgpack map, got {type(obj).__name__}")
+    return obj
+
+
+T = TypeVar("T")
+_MISSING = object()
+
+
+def field(body: Mapping[str, Any], name: str, kind: type[T], default: Any = _MISSING) -> T:
+    """A required (or defaulted) field of one type; bool is never accepted as int."""
+    value = body.get(name, _MISSING)
+    if value is _MISSING:
+        if default is _MISSING:
+            raise BadRequest(f"missing field {name!r}")
+        return default  # type: ignore[no-any-return]
+    if kind is int and isinstance(value, bool):
+        raise BadRequest(f"field {name!r} must be an integer, got bool")
+    if not isinstance(value, kind):
+        raise BadRequest(f"field {name!r} must be {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def int_field(body: Mapping[str, Any], name: str, default: Any = _MISSING, *,
+              lo: int = -MAX_INT64, hi: int = MAX_INT64) -> int:
+    value = field(body, name, int, default)
+    if not lo <= value <= hi:
+        raise BadRequest(f"field {name!r} out of range [{lo}, {hi}]: {value}")
+    return value
+
+
+def list_field(body: Mapping[str, Any], name: str, default: Any = _MISSING) -> list[Any]:
+    return field(body, name, list, default)
+
+
+def map_items(items: list[Any], what: str) -> list[dict[str, Any]]:
+    """Every element must be a map; ``what`` names the list in the error."""
+    for item in items:
+        if not isinstance(item, dict):
+            raise BadRequest(f"each entry of {what!r} must be a map, got {type(item).__name__}")
+    return items
+
+
+def int_list(body: Mapping[str, Any], name: str, default: Any = _MISSING) -> list[int]:
+    values = list_field(body, name, default)
+    for v in values:
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise BadRequest(f"field {name!r} must be a list of integers")
+    return values

@@ -1,0 +1,1 @@
+"""The controller: registration, liveness, topics, elections, ISR ownership, durable metadata."""

@@ -1,0 +1,1 @@
+"""Replica fetchers: one asyncio task per (leader broker, fetcher id)."""

@@ -1,0 +1,1 @@
+"""Segment-file log storage: record batches, segments, indexes, checkpoints, recovery."""

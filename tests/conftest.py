@@ -1,0 +1,1 @@
+"""Shared fixtures. Integration helpers for real processes live in tests/procs.py."""

@@ -1,0 +1,61 @@
+import subprocess
+import sys
+
+import pytest
+
+from common.config import ConfigError, broker_config, parse_assignments, validate_topic_configs
+from common.errors import ErrorCode, error_for
+from common.wire import BadRequest, decode_body, encode, int_field
+
+
+def test_error_codes_keep_kafka_numbers_and_retriable_flags() -> None:
+    assert ErrorCode.NOT_LEADER_OR_FOLLOWER == 6
+    assert ErrorCode.FENCED_LEADER_EPOCH == 74
+    assert ErrorCode.NOT_LEADER_OR_FOLLOWER.retriable
+    assert not ErrorCode.MESSAGE_TOO_LARGE.retriable
+    assert ErrorCode.of(12345) is ErrorCode.UNKNOWN_SERVER_ERROR
+    err = error_for(19)
+    assert err.code is ErrorCode.NOT_ENOUGH_REPLICAS and err.retriable
+    assert type(err).__name__ == "NotEnoughReplicasError"
+
+
+def test_config_defaults_overrides_and_errors() -> None:
+    cfg = broker_config({"min.insync.replicas": "2"})
+    assert cfg["min.insync.replicas"] == 2
+    assert cfg["replica.lag.time.max.ms"] == 30_000
+    topic = cfg.with_topic_overrides({"segment.bytes": "4096", "unclean.leader.election.enable": "true"})
+    assert topic["log.segment.bytes"] == 4096 and topic["unclean.leader.election.enable"] is True
+    with pytest.raises(ConfigError, match="unknown config"):
+        broker_config({"no.such.key": "1"})
+    with pytest.raises(ConfigError, match="expected an integer"):
+        broker_config({"min.insync.replicas": "two"})
+    with pytest.raises(ConfigError, match=">= 1"):
+        validate_topic_configs({"min.insync.replicas": "0"})
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_assignments(["novalue"])
+
+
+def test_wire_decoding_rejects_garbage_with_readable_errors() -> None:
+    assert decode_body(encode({"a": 1})) == {"a": 1}
+    with pytest.raises(BadRequest, match="not valid msgpack"):
+        decode_body(b"\xc1")
+    with pytest.raises(BadRequest, match="must be a msgpack map"):
+        decode_body(encode([1, 2]))
+    with pytest.raises(BadRequest, match="missing field"):
+        int_field({}, "x")
+    with pytest.raises(BadRequest, match="must be an integer"):
+        int_field({"x": True}, "x")
+    with pytest.raises(BadRequest, match="out of range"):
+        int_field({"x": -5}, "x", lo=0)
+
+
+def test_cli_help_for_every_subcommand() -> None:
+    from cli.main import build_parser
+
+    parser = build_parser()
+    out = subprocess.run([sys.executable, "-m", "cli.main", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "minibroker" in out.stdout
+    sub_actions = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+    for name in sub_actions[0].choices:  # type: ignore[union-attr]
+        res = subprocess.run([sys.executable, "-m", "cli.main", name, "--help"], capture_output=True, text=True)
+        assert res.returncode == 0, (name, res.stderr)
