@@ -1,10 +1,293 @@
-"""Subcommands contributed by this package (see ``cli.main``)."""
+"""``minibroker produce`` and ``minibroker consume`` (kcat / console producer and consumer).
+
+Shared option helpers for the client-side commands live here too:
+``--bootstrap`` defaults to ``$MINIBROKER_BOOTSTRAP``, else the default local
+cluster's brokers (127.0.0.1:9091..9093); ``--controller`` to
+``$MINIBROKER_CONTROLLER``, else 127.0.0.1:9090.
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import asyncio
+import contextlib
+import functools
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, BinaryIO, TextIO
+
+from cli.main import CliError
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9091,127.0.0.1:9092,127.0.0.1:9093"
+DEFAULT_CONTROLLER = "127.0.0.1:9090"
+
+
+# -- shared helpers --------------------------------------------------------------------------------
+
+def add_bootstrap(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bootstrap", "-b", default=None, metavar="HOST:PORT[,HOST:PORT]",
+                   help="brokers to bootstrap from (default: $MINIBROKER_BOOTSTRAP or the local cluster "
+                        f"{DEFAULT_BOOTSTRAP})")
+
+
+def add_controller(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--controller", default=None, metavar="HOST:PORT",
+                   help=f"the controller (default: $MINIBROKER_CONTROLLER or {DEFAULT_CONTROLLER})")
+
+
+def bootstrap_of(args: argparse.Namespace) -> list[str]:
+    from client.metadata import parse_bootstrap
+
+    text = args.bootstrap or os.environ.get("MINIBROKER_BOOTSTRAP") or DEFAULT_BOOTSTRAP
+    try:
+        return parse_bootstrap(text)
+    except ValueError as exc:
+        raise CliError(f"--bootstrap: {exc}") from None
+
+
+def controller_of(args: argparse.Namespace) -> str:
+    from client.metadata import parse_bootstrap
+
+    text = args.controller or os.environ.get("MINIBROKER_CONTROLLER") or DEFAULT_CONTROLLER
+    try:
+        addresses = parse_bootstrap(text)
+    except ValueError as exc:
+        raise CliError(f"--controller: {exc}") from None
+    if len(addresses) != 1:
+        raise CliError("--controller takes one HOST:PORT")
+    return addresses[0]
+
+
+def positive(name: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {value}")
+        return value
+    return parse
+
+
+def non_negative(name: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {value}")
+        return value
+    return parse
+
+
+def run_client(coro: Coroutine[Any, Any, int]) -> int:
+    """Run a client coroutine; wire errors and unreachable brokers become one readable line."""
+    from common.errors import MinibrokerError
+
+    try:
+        return asyncio.run(coro)
+    except MinibrokerError as exc:
+        message = str(exc)
+        if exc.code.name not in message:
+            message = f"{exc.code.name}: {message}"
+        raise CliError(message, status=1) from None
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    except BrokenPipeError:
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep the interpreter from complaining at exit
+        return 0
+
+
+def text_of(data: bytes | None) -> str | None:
+    return None if data is None else data.decode("utf-8", "backslashreplace")
+
+
+# -- produce ---------------------------------------------------------------------------------------
+
+async def read_lines(stream: BinaryIO, chunk_bytes: int = 1 << 16) -> AsyncIterator[list[bytes]]:
+    """Lines of ``stream`` (without their newline) in chunks, read off the event loop."""
+    carry = b""
+    while True:
+        read1 = getattr(stream, "read1", stream.read)
+        chunk = await asyncio.to_thread(read1, chunk_bytes)
+        if not chunk:
+            break
+        parts = (carry + chunk).split(b"\n")
+        carry = parts.pop()
+        if parts:
+            yield parts
+    if carry:
+        yield [carry]
+
+
+def split_key(line: bytes, separator: bytes | None) -> tuple[bytes | None, bytes]:
+    line = line.removesuffix(b"\r")
+    if separator is None:
+        return None, line
+    key, sep, value = line.partition(separator)
+    if not sep:
+        return None, line
+    return key, value
+
+
+async def produce_main(args: argparse.Namespace, stdin: BinaryIO, out: TextIO) -> int:
+    from client.errors import error_name
+    from client.producer import DeliveryFuture, Producer, ProducerConfig, parse_acks
+
+    config = ProducerConfig(acks=parse_acks(args.acks), linger_ms=args.linger_ms, batch_size=args.batch_size,
+                            max_in_flight_requests_per_connection=args.max_in_flight,
+                            delivery_timeout_ms=args.delivery_timeout_ms, max_block_ms=args.max_block_ms,
+                            request_timeout_ms=min(args.delivery_timeout_ms, 30_000))
+    separator = args.key_separator.encode() if args.key_separator else None
+    counts = {"sent": 0, "acked": 0, "failed": 0}
+    first_error: list[str] = []
+
+    def report(value: bytes, fut: DeliveryFuture) -> None:
+        exc = fut.exception()
+        if exc is None:
+            counts["acked"] += 1
+            meta = fut.result()
+            if args.delivery_report:
+                out.write(json.dumps({"value": text_of(value), "partition": meta.partition,
+                                      "offset": meta.offset}) + "\n")
+        else:
+            counts["failed"] += 1
+            if not first_error:
+                first_error.append(f"{error_name(exc)}: {exc}")
+            if args.delivery_report:
+                out.write(json.dumps({"value": text_of(value), "error": error_name(exc)}) + "\n")
+
+    producer = Producer(bootstrap_of(args), config)
+    try:
+        await producer.start()
+        await producer.partitions_for(args.topic)
+        async for lines in read_lines(stdin):
+            for line in lines:
+                key, value = split_key(line, separator)
+                fut = await producer.send(args.topic, value, key=key, partition=args.partition)
+                fut.add_done_callback(functools.partial(report, value))
+                counts["sent"] += 1
+        await producer.flush()
+        await asyncio.sleep(0)  # let the last done-callbacks run
+    finally:
+        await producer.close()
+        await asyncio.sleep(0)
+        out.flush()
+    if counts["failed"] or counts["acked"] < counts["sent"]:
+        print(f"minibroker: {counts['failed']} of {counts['sent']} records were not acknowledged"
+              + (f" (first error: {first_error[0]})" if first_error else ""), file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    return run_client(produce_main(args, sys.stdin.buffer, sys.stdout))
+
+
+# -- consume ---------------------------------------------------------------------------------------
+
+def format_record(rec: Any, fmt: str, print_key: bool = False, key_separator: str = "\t") -> str:
+    if fmt == "json":
+        return json.dumps({"partition": rec.partition, "offset": rec.offset, "key": text_of(rec.key),
+                           "value": text_of(rec.value), "timestamp": rec.timestamp})
+    value = text_of(rec.value) or ""
+    if print_key:
+        return f"{text_of(rec.key) or ''}{key_separator}{value}"
+    return value
+
+
+async def consume_main(args: argparse.Namespace, out: TextIO) -> int:
+    from client.consumer import Consumer, ConsumerConfig
+    from client.fetch_state import OffsetReset
+    from common.wire import TopicPartition
+
+    reset = OffsetReset.EARLIEST if args.from_beginning else OffsetReset.LATEST
+    consumer = Consumer(bootstrap_of(args), ConsumerConfig(auto_offset_reset=reset,
+                                                           fetch_max_wait_ms=args.fetch_max_wait_ms))
+    count = 0
+    try:
+        if args.partition is None:
+            tps = await consumer.assign_topic(args.topic, timeout_ms=args.metadata_timeout_ms)
+        else:
+            parts = await consumer.metadata.wait_for_topic(args.topic, args.metadata_timeout_ms)
+            if args.partition not in parts:
+                raise CliError(f"topic {args.topic!r} has no partition {args.partition} "
+                               f"(partitions 0..{len(parts) - 1})")
+            tps = [TopicPartition(args.topic, args.partition)]
+            consumer.assign(tps)
+        if args.offset is not None:
+            for tp in tps:
+                consumer.seek(tp, args.offset)
+        idle_ms = 0
+        while args.max_messages is None or count < args.max_messages:
+            poll_ms = 500 if args.timeout_ms is None else max(1, min(500, args.timeout_ms - idle_ms))
+            started = asyncio.get_running_loop().time()
+            limit = None if args.max_messages is None else args.max_messages - count
+            records = await consumer.poll(timeout_ms=poll_ms, max_records=limit)
+            if not records:
+                idle_ms += int((asyncio.get_running_loop().time() - started) * 1000) or poll_ms
+                if args.timeout_ms is not None and idle_ms >= args.timeout_ms:
+                    break
+                continue
+            idle_ms = 0
+            out.write("".join(format_record(r, args.format, args.print_key) + "\n" for r in records))
+            out.flush()
+            count += len(records)
+    finally:
+        await consumer.close()
+    print(f"consumed {count} messages", file=sys.stderr)
+    return 0
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    if args.from_beginning and args.offset is not None:
+        raise CliError("use either --from-beginning or --offset, not both")
+    return run_client(consume_main(args, sys.stdout))
 
 
 def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAction[Any]) -> None:
-    """No subcommands yet."""
+    p = sub.add_parser("produce", help="produce one record per stdin line",
+                       description="Produce one record per line of stdin. Exit status 0 only when every "
+                                   "record was acknowledged.")
+    p.add_argument("topic", metavar="TOPIC")
+    add_bootstrap(p)
+    p.add_argument("--acks", default="all", choices=["all", "-1", "1", "0"], help="default all")
+    p.add_argument("--partition", "-p", type=non_negative("--partition"), default=None,
+                   help="send every record to this partition (default: by key hash, sticky for null keys)")
+    p.add_argument("--key-separator", "-K", default=None, metavar="SEP",
+                   help="split each line at the first SEP into key and value")
+    p.add_argument("--delivery-report", action="store_true",
+                   help='one JSON line per record: {"value","partition","offset"} or {"value","error"}')
+    p.add_argument("--linger-ms", type=non_negative("--linger-ms"), default=5)
+    p.add_argument("--batch-size", type=positive("--batch-size"), default=16_384)
+    p.add_argument("--max-in-flight", type=positive("--max-in-flight"), default=5,
+                   help="max.in.flight.requests.per.connection (default 5)")
+    p.add_argument("--delivery-timeout-ms", type=positive("--delivery-timeout-ms"), default=120_000)
+    p.add_argument("--max-block-ms", type=non_negative("--max-block-ms"), default=10_000,
+                   help="how long to wait for the topic's metadata (default 10000)")
+    p.set_defaults(func=cmd_produce)
+
+    c = sub.add_parser("consume", help="print records of a topic",
+                       description="Print records; stops after --max-messages or --timeout-ms without new data.")
+    c.add_argument("topic", metavar="TOPIC")
+    add_bootstrap(c)
+    c.add_argument("--partition", "-p", type=non_negative("--partition"), default=None,
+                   help="only this partition (default: all)")
+    start = c.add_mutually_exclusive_group()
+    start.add_argument("--from-beginning", action="store_true", help="start at the log start (default: the end)")
+    start.add_argument("--offset", type=non_negative("--offset"), default=None,
+                       help="start at this offset (in every consumed partition)")
+    c.add_argument("--max-messages", type=positive("--max-messages"), default=None)
+    c.add_argument("--timeout-ms", type=positive("--timeout-ms"), default=None,
+                   help="stop after this long without new data (default: never)")
+    c.add_argument("--format", choices=["text", "json"], default="text",
+                   help='text: the value; json: {"partition","offset","key","value","timestamp"} per line')
+    c.add_argument("--print-key", action="store_true", help="text format: key<TAB>value")
+    c.add_argument("--fetch-max-wait-ms", type=non_negative("--fetch-max-wait-ms"), default=500)
+    c.add_argument("--metadata-timeout-ms", type=positive("--metadata-timeout-ms"), default=10_000)
+    c.set_defaults(func=cmd_consume)

@@ -1,10 +1,512 @@
-"""Subcommands contributed by this package (see ``cli.main``)."""
+"""``minibroker cluster``: a local cluster of real processes on 127.0.0.1.
+
+``cluster up`` starts ``minibroker controller`` on the base port and
+``minibroker broker`` i (1..N) on base port + i, each with its own data dir
+and log file under ``--data-dir``, records them in ``<data-dir>/cluster.json``
+and waits until the controller's ``/v1/status`` lists every broker as
+registered and unfenced. ``status``, ``down``, ``kill`` and ``start`` work from
+that file. A recorded pid is only signalled while ``/proc/<pid>/cmdline`` still
+shows the member's data dir, so a recycled pid is never hit.
+
+Layout of ``<data-dir>``::
+
+    cluster.json             members, ports, pids, commands (rewritten via temp file + rename)
+    controller/, controller.log
+    broker-<i>/, broker-<i>.log
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
+
+from cli.main import CliError
+from common.http import RpcClient, RpcError
+
+DEFAULT_BASE_PORT = 9090
+DEFAULT_HOST = "127.0.0.1"
+CLUSTER_FILE = "cluster.json"
+SIGNALS = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM, "STOP": signal.SIGSTOP, "CONT": signal.SIGCONT}
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get("MINIBROKER_DATA_DIR") or "./minibroker-data")
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    name: str  # "controller" or "broker-<i>"
+    kind: str  # "controller" | "broker"
+    node_id: int | None
+    host: str
+    port: int
+    data_dir: str
+    log: str
+    pid: int | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    data_dir: str
+    host: str
+    base_port: int
+    members: tuple[Member, ...]
+    settings: tuple[str, ...] = ()  # --set key=value passed to every broker
+
+    @property
+    def controller(self) -> Member:
+        return next(m for m in self.members if m.kind == "controller")
+
+    @property
+    def brokers(self) -> list[Member]:
+        return [m for m in self.members if m.kind == "broker"]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(m.address for m in self.brokers)
+
+    def member(self, ident: str) -> Member:
+        """``controller``, ``broker-2`` or ``2``."""
+        key = ident.strip()
+        for m in self.members:
+            if key in (m.name, str(m.node_id)):
+                return m
+        names = ", ".join(["controller", *(str(m.node_id) for m in self.brokers)])
+        raise CliError(f"no cluster member {ident!r} (known: {names})")
+
+    def with_member(self, member: Member) -> ClusterSpec:
+        return replace(self, members=tuple(member if m.name == member.name else m for m in self.members))
+
+
+def plan(data_dir: Path, brokers: int, base_port: int, host: str = DEFAULT_HOST,
+         settings: Sequence[str] = ()) -> ClusterSpec:
+    """The members of a cluster (pure)."""
+    if brokers < 1:
+        raise CliError(f"--brokers must be >= 1, got {brokers}")
+    if base_port < 1 or base_port + brokers > 65535:
+        raise CliError(f"--base-port {base_port} leaves no room for {brokers} brokers")
+    root = data_dir.resolve()
+    members = [Member("controller", "controller", None, host, base_port, str(root / "controller"),
+                      str(root / "controller.log"))]
+    for i in range(1, brokers + 1):
+        members.append(Member(f"broker-{i}", "broker", i, host, base_port + i, str(root / f"broker-{i}"),
+                              str(root / f"broker-{i}.log")))
+    return ClusterSpec(str(root), host, base_port, tuple(members), tuple(settings))
+
+
+def minibroker_argv(python: str = sys.executable) -> list[str]:
+    """How to run the ``minibroker`` CLI with this interpreter.
+
+    Not ``python -m cli.main``: run that way, ``cli.main`` is loaded twice (as ``__main__`` and as
+    ``cli.main``), so the ``CliError`` a subcommand raises is not the class ``main`` catches.
+    """
+    script = Path(python).parent / "minibroker"
+    if script.is_file():
+        return [python, str(script)]
+    return [python, "-c", "import sys; from cli.main import main; sys.exit(main())"]
+
+
+def command(spec: ClusterSpec, m: Member, python: str = sys.executable) -> list[str]:
+    """The argv that starts ``m`` (the same ``minibroker`` CLI, via this interpreter)."""
+    base = minibroker_argv(python)
+    if m.kind == "controller":
+        return [*base, "controller", "--listen", m.address, "--data-dir", m.data_dir]
+    argv = [*base, "broker", "--node-id", str(m.node_id), "--listen", m.address,
+            "--controller", spec.controller.address, "--data-dir", m.data_dir]
+    for item in spec.settings:
+        argv += ["--set", item]
+    return argv
+
+
+# -- cluster.json ----------------------------------------------------------------------------------
+
+def save(spec: ClusterSpec) -> None:
+    path = Path(spec.data_dir) / CLUSTER_FILE
+    doc = {"version": 1, "data_dir": spec.data_dir, "host": spec.host, "base_port": spec.base_port,
+           "settings": list(spec.settings), "controller": spec.controller.address, "bootstrap": spec.bootstrap,
+           "members": [{**asdict(m), "address": m.address, "command": command(spec, m)} for m in spec.members]}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def load(data_dir: Path) -> ClusterSpec:
+    path = data_dir / CLUSTER_FILE
+    try:
+        doc = json.loads(path.read_text())
+        members = tuple(Member(name=m["name"], kind=m["kind"], node_id=m["node_id"], host=m["host"],
+                               port=int(m["port"]), data_dir=m["data_dir"], log=m["log"], pid=m.get("pid"))
+                        for m in doc["members"])
+        return ClusterSpec(doc["data_dir"], doc["host"], int(doc["base_port"]), members,
+                           tuple(doc.get("settings") or ()))
+    except FileNotFoundError:
+        raise CliError(f"no cluster in {data_dir} (no {CLUSTER_FILE}); start one with `minibroker cluster up`"
+                       ) from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CliError(f"{path} is not a valid cluster file: {exc}") from None
+
+
+# -- processes -------------------------------------------------------------------------------------
+
+def is_running(m: Member) -> bool:
+    """True if ``m.pid`` is alive and still is this member (its cmdline names the member's data dir)."""
+    if not m.pid:
+        return False
+    try:
+        cmdline = Path(f"/proc/{m.pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(m.pid, 0)
+        except OSError:
+            return False
+        return True
+    return m.data_dir.encode() in cmdline.split(b"\0")
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def spawn(spec: ClusterSpec, m: Member) -> Member:
+    """Start ``m`` in its own session (Ctrl-C reaches only ``cluster up``); returns it with its pid."""
+    if not port_free(m.host, m.port):
+        raise CliError(f"port {m.port} ({m.name}) is already in use; is another cluster running? "
+                       f"(`minibroker cluster down`, or pick --base-port)")
+    Path(m.data_dir).mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(m.log, "ab") as logf:
+        proc = subprocess.Popen(command(spec, m), stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+    _CHILDREN[proc.pid] = proc
+    return replace(m, pid=proc.pid)
+
+
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}  # processes this process started (for reaping)
+
+
+def reap() -> None:
+    for pid, proc in list(_CHILDREN.items()):
+        if proc.poll() is not None:
+            del _CHILDREN[pid]
+
+
+def exited(m: Member) -> int | None:
+    """The exit status if ``m`` was started by this process and has exited."""
+    proc = _CHILDREN.get(m.pid or -1)
+    return None if proc is None else proc.poll()
+
+
+def send_signal(m: Member, sig: signal.Signals) -> bool:
+    if not is_running(m):
+        return False
+    assert m.pid is not None
+    try:
+        os.kill(m.pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def stop_members(members: Sequence[Member], timeout_s: float = 20.0) -> list[str]:
+    """SIGTERM (after SIGCONT), wait up to ``timeout_s``, then SIGKILL; returns names that needed SIGKILL."""
+    running = [m for m in members if is_running(m)]
+    for m in running:
+        send_signal(m, signal.SIGCONT)
+        send_signal(m, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        reap()
+        running = [m for m in running if is_running(m)]
+        if not running:
+            return []
+        time.sleep(0.1)
+    for m in running:
+        send_signal(m, signal.SIGKILL)
+    end = time.monotonic() + 5
+    while time.monotonic() < end and any(is_running(m) for m in running):
+        reap()
+        time.sleep(0.05)
+    return [m.name for m in running]
+
+
+def tail(path: str, lines: int = 5) -> str:
+    try:
+        text = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(text[-lines:])
+
+
+async def registered_brokers(controller: str, rpc: RpcClient) -> set[int]:
+    """Broker ids the controller lists as registered and not fenced."""
+    status = await rpc.get_json(controller, "/v1/status", timeout_s=2.0)
+    return {int(b["node_id"]) for b in status.get("brokers") or [] if not b.get("fenced", False)}
+
+
+async def wait_registered(spec: ClusterSpec, timeout_s: float) -> None:
+    """Until every broker is registered (bounded); an exited member fails fast with its last log lines."""
+    wanted = {m.node_id for m in spec.brokers if m.node_id is not None}
+    rpc = RpcClient()
+    deadline = time.monotonic() + timeout_s
+    seen: set[int] = set()
+    try:
+        while True:
+            for m in spec.members:
+                status = exited(m)
+                if status is not None:
+                    raise CliError(f"{m.name} exited with status {status} during start; last lines of {m.log}:\n"
+                                   f"{tail(m.log)}")
+            with contextlib.suppress(RpcError, ValueError, KeyError, TypeError, AttributeError):
+                seen = await registered_brokers(spec.controller.address, rpc)
+            if wanted <= seen:
+                return
+            if time.monotonic() >= deadline:
+                missing = ", ".join(str(b) for b in sorted(wanted - seen))
+                raise CliError(f"brokers {missing} did not register within {timeout_s:.0f}s; see logs in "
+                               f"{spec.data_dir}")
+            await asyncio.sleep(0.2)
+    finally:
+        await rpc.close()
+
+
+def up(spec: ClusterSpec, timeout_s: float) -> ClusterSpec:
+    """Start every member and wait for registration; stops what it started if that fails."""
+    Path(spec.data_dir).mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(CliError):
+        old = load(Path(spec.data_dir))
+        alive = [m.name for m in old.members if is_running(m)]
+        if alive:
+            raise CliError(f"a cluster is already running in {spec.data_dir} ({', '.join(alive)}); "
+                           f"`minibroker cluster down --data-dir {spec.data_dir}` first")
+    for m in spec.members:
+        if not port_free(m.host, m.port):
+            raise CliError(f"port {m.port} ({m.name}) is already in use; pick another --base-port")
+    try:
+        for m in spec.members:
+            spec = spec.with_member(spawn(spec, m))
+            save(spec)
+        asyncio.run(wait_registered(spec, timeout_s))
+    except BaseException:
+        stop_members(spec.members, timeout_s=5)
+        raise
+    return spec
+
+
+# -- subcommands -----------------------------------------------------------------------------------
+
+def _data_dir(args: argparse.Namespace) -> Path:
+    return Path(args.data_dir) if args.data_dir else default_data_dir()
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    spec = plan(_data_dir(args), args.brokers, args.base_port, settings=args.set or ())
+    print(f"starting controller on {spec.controller.address} and {len(spec.brokers)} brokers "
+          f"({spec.bootstrap}); data and logs in {spec.data_dir}", file=sys.stderr)
+    spec = up(spec, args.timeout)
+    print(f"cluster up: controller {spec.controller.address}, bootstrap {spec.bootstrap}", file=sys.stderr)
+    if args.detach:
+        print(f"export MINIBROKER_BOOTSTRAP={spec.bootstrap} MINIBROKER_CONTROLLER={spec.controller.address}")
+        return 0
+    return _foreground(spec)
+
+
+def _foreground(spec: ClusterSpec) -> int:
+    """Stream every member's log, prefixed by its name, until Ctrl-C (or SIGTERM); then stop everything."""
+    print("streaming logs; Ctrl-C stops the cluster", file=sys.stderr)
+    stop = False
+
+    def on_term(_sig: int, _frame: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    files = {m.name: open(m.log, "rb") for m in spec.members}  # noqa: SIM115 - closed in finally
+    try:
+        for f in files.values():
+            f.seek(0, os.SEEK_END)
+        while not stop:
+            quiet = True
+            for name, f in files.items():
+                for line in f.readlines(1 << 16):
+                    quiet = False
+                    sys.stdout.write(f"[{name}] {line.decode('utf-8', 'replace')}")
+            sys.stdout.flush()
+            reap()
+            if quiet:
+                time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for f in files.values():
+            f.close()
+        print("stopping the cluster", file=sys.stderr)
+        current = load(Path(spec.data_dir))
+        stop_members(list(reversed(current.members)))
+    return 0
+
+
+def member_status(spec: ClusterSpec) -> list[dict[str, Any]]:
+    async def probe() -> list[Any]:
+        rpc = RpcClient()
+        try:
+            async def one(m: Member) -> Any:
+                if not is_running(m):
+                    return None
+                with contextlib.suppress(RpcError, ValueError):
+                    return await rpc.get_json(m.address, "/v1/status", timeout_s=2.0)
+                return None
+            return list(await asyncio.gather(*(one(m) for m in spec.members)))
+        finally:
+            await rpc.close()
+
+    statuses = asyncio.run(probe())
+    rows: list[dict[str, Any]] = []
+    for m, st in zip(spec.members, statuses, strict=True):
+        running = is_running(m)
+        stopped = running and _is_stopped(m)
+        row: dict[str, Any] = {"name": m.name, "kind": m.kind, "node_id": m.node_id, "address": m.address,
+                               "pid": m.pid, "running": running, "paused": stopped,
+                               "responding": st is not None, "log": m.log}
+        if isinstance(st, dict) and m.kind == "broker":
+            parts = st.get("partitions") or []
+            row["broker_epoch"] = st.get("broker_epoch")
+            row["leader_for"] = sum(1 for p in parts if p.get("role") == "leader")
+            row["replicas"] = len(parts)
+        if isinstance(st, dict) and m.kind == "controller":
+            row["controller_epoch"] = st.get("controller_epoch")
+            row["registered_brokers"] = sorted(int(b["node_id"]) for b in st.get("brokers") or []
+                                               if not b.get("fenced"))
+        rows.append(row)
+    return rows
+
+
+def _is_stopped(m: Member) -> bool:
+    try:
+        stat = Path(f"/proc/{m.pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] in ("T", "t")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    spec = load(_data_dir(args))
+    rows = member_status(spec)
+    if args.json:
+        print(json.dumps({"data_dir": spec.data_dir, "controller": spec.controller.address,
+                          "bootstrap": spec.bootstrap, "members": rows}, indent=2))
+        return 0
+    print(f"{'MEMBER':<12} {'ADDRESS':<16} {'PID':>8}  {'STATE':<10} DETAILS")
+    for r in rows:
+        state = "paused" if r["paused"] else ("up" if r["responding"] else ("starting" if r["running"] else "down"))
+        details = ""
+        if "leader_for" in r:
+            details = f"leader for {r['leader_for']} of {r['replicas']} replicas, broker_epoch {r['broker_epoch']}"
+        elif "registered_brokers" in r:
+            details = (f"controller_epoch {r['controller_epoch']}, registered brokers "
+                       f"{','.join(map(str, r['registered_brokers'])) or '-'}")
+        print(f"{r['name']:<12} {r['address']:<16} {r['pid'] or '-':>8}  {state:<10} {details}")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    spec = load(_data_dir(args))
+    # brokers first (controlled shutdown needs the controller), then the controller
+    brokers_killed = stop_members(spec.brokers, timeout_s=args.timeout)
+    controller_killed = stop_members([spec.controller], timeout_s=args.timeout)
+    forced = brokers_killed + controller_killed
+    print(f"cluster in {spec.data_dir} stopped" + (f" (SIGKILL needed for {', '.join(forced)})" if forced else ""))
+    return 0
+
+
+def cmd_kill(args: argparse.Namespace) -> int:
+    spec = load(_data_dir(args))
+    m = spec.member(args.id)
+    sig = SIGNALS[args.signal.upper()]
+    if not send_signal(m, sig):
+        raise CliError(f"{m.name} is not running")
+    print(f"sent SIG{args.signal.upper()} to {m.name} (pid {m.pid})")
+    return 0
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    data_dir = _data_dir(args)
+    spec = load(data_dir)
+    m = spec.member(args.id)
+    if is_running(m):
+        raise CliError(f"{m.name} is already running (pid {m.pid})")
+    m = spawn(spec, m)
+    spec = spec.with_member(m)
+    save(spec)
+    if m.kind == "broker" and args.wait:
+        asyncio.run(wait_registered(replace(spec, members=(spec.controller, m)), args.timeout))
+    print(f"started {m.name} (pid {m.pid}) on {m.address}")
+    return 0
 
 
 def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAction[Any]) -> None:
-    """No subcommands yet."""
+    p = sub.add_parser("cluster", help="run a local cluster: up, status, down, kill, start",
+                       description="A local cluster of real processes on 127.0.0.1.")
+    cs = p.add_subparsers(dest="cluster_command", metavar="ACTION")
+    p.set_defaults(func=lambda _a: (p.print_help(sys.stderr), 2)[1])
+
+    def data_dir_arg(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--data-dir", default=None,
+                       help="cluster directory (default: $MINIBROKER_DATA_DIR or ./minibroker-data)")
+
+    q = cs.add_parser("up", help="start a controller and N brokers")
+    data_dir_arg(q)
+    q.add_argument("--brokers", type=int, default=3, help="number of brokers (default 3)")
+    q.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
+                   help="controller port; broker i listens on base+i (default 9090)")
+    q.add_argument("--detach", action="store_true", help="return once every broker is registered")
+    q.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for registration (default 60)")
+    q.add_argument("--set", action="append", metavar="KEY=VALUE", help="broker config for every broker")
+    q.set_defaults(func=cmd_up)
+
+    q = cs.add_parser("status", help="members, pids, and whether they answer")
+    data_dir_arg(q)
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=cmd_status)
+
+    q = cs.add_parser("down", help="stop every member (SIGTERM, then SIGKILL after --timeout)")
+    data_dir_arg(q)
+    q.add_argument("--timeout", type=float, default=20.0)
+    q.set_defaults(func=cmd_down)
+
+    q = cs.add_parser("kill", help="send a signal to one member")
+    data_dir_arg(q)
+    q.add_argument("id", metavar="ID", help="broker id or 'controller'")
+    q.add_argument("--signal", default="KILL", type=str.upper, choices=sorted(SIGNALS))
+    q.set_defaults(func=cmd_kill)
+
+    q = cs.add_parser("start", help="start one member again (same ports and data dir)")
+    data_dir_arg(q)
+    q.add_argument("id", metavar="ID", help="broker id or 'controller'")
+    q.add_argument("--no-wait", dest="wait", action="store_false", help="do not wait for broker registration")
+    q.add_argument("--timeout", type=float, default=60.0)
+    q.set_defaults(func=cmd_start)

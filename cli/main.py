@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "cli.clients",
     "cli.perf",
     "cli.chaos",
+    "cli.demo",
     "audit.cli",
 )
 

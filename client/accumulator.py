@@ -1,0 +1,141 @@
+"""Per-partition record batching for the producer (pure: no I/O, no asyncio).
+
+Records are appended to the last open batch of their partition until it holds
+``batch.size`` bytes; a batch is *ready* when it is full, when ``linger.ms``
+passed since it was opened, when a flush is in progress, or when it waits for a
+retry whose backoff has passed. Each partition has at most one produce request
+in flight (it is *muted* meanwhile): this keeps records of a partition in
+order across retries without the idempotent producer. Kafka lets up to
+``max.in.flight.requests.per.connection`` batches of one partition fly and can
+reorder on retry; we chose ordering and make up for it by draining every ready
+batch of a partition into the same request.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.wire import TopicPartition
+
+RECORD_OVERHEAD_BYTES = 12  # rough msgpack framing per record, for sizing batches
+
+
+def record_size(key: bytes | None, value: bytes | None) -> int:
+    return RECORD_OVERHEAD_BYTES + (len(key) if key else 0) + (len(value) if value else 0)
+
+
+@dataclass(slots=True, eq=False)
+class ProducerBatch:
+    """Records for one partition that travel (and succeed or fail) together. Mutable: owned by one producer."""
+
+    tp: TopicPartition
+    created_ms: int  # monotonic
+    deadline_ms: int  # monotonic: delivery.timeout.ms after creation
+    records: list[tuple[bytes | None, bytes | None, int]] = field(default_factory=list)
+    size_bytes: int = 0
+    closed: bool = False
+    attempts: int = 0
+    retry_at_ms: int = 0
+    last_error: str = ""  # name of the error that caused the last retry
+    retrying: bool = False  # requeued after a failed attempt: ready at retry_at_ms, not by linger
+    completion: Any = None  # the producer's asyncio.Future[int] for the base offset
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+class RecordAccumulator:
+    def __init__(self, *, batch_size: int, linger_ms: int, delivery_timeout_ms: int) -> None:
+        assert batch_size > 0 and linger_ms >= 0 and delivery_timeout_ms > 0
+        self.batch_size = batch_size
+        self.linger_ms = linger_ms
+        self.delivery_timeout_ms = delivery_timeout_ms
+        self._queues: dict[TopicPartition, deque[ProducerBatch]] = {}
+        self.flushing = False
+        self.buffered_bytes = 0
+
+    def append(self, tp: TopicPartition, key: bytes | None, value: bytes | None, timestamp_ms: int,
+               now_ms: int) -> tuple[ProducerBatch, int, bool]:
+        """Add a record; returns (batch, index in batch, whether a new batch was opened)."""
+        size = record_size(key, value)
+        queue = self._queues.get(tp)
+        if queue is None:
+            queue = self._queues[tp] = deque()
+        new_batch = False
+        batch = queue[-1] if queue else None
+        if batch is None or batch.closed or (batch.records and batch.size_bytes + size > self.batch_size):
+            if batch is not None:
+                batch.closed = True
+            batch = ProducerBatch(tp=tp, created_ms=now_ms, deadline_ms=now_ms + self.delivery_timeout_ms)
+            queue.append(batch)
+            new_batch = True
+        batch.records.append((key, value, timestamp_ms))
+        batch.size_bytes += size
+        self.buffered_bytes += size
+        if batch.size_bytes >= self.batch_size:
+            batch.closed = True
+        return batch, len(batch.records) - 1, new_batch
+
+    def is_ready(self, batch: ProducerBatch, now_ms: int) -> bool:
+        if batch.retrying:
+            return now_ms >= batch.retry_at_ms
+        return batch.closed or self.flushing or now_ms - batch.created_ms >= self.linger_ms
+
+    def next_ready_ms(self, batch: ProducerBatch) -> int:
+        """When a not-yet-ready batch becomes ready (monotonic ms)."""
+        if batch.retrying:
+            return batch.retry_at_ms
+        return batch.created_ms + self.linger_ms
+
+    def partitions(self) -> list[TopicPartition]:
+        return [tp for tp, q in self._queues.items() if q]
+
+    def head(self, tp: TopicPartition) -> ProducerBatch | None:
+        q = self._queues.get(tp)
+        return q[0] if q else None
+
+    def drain(self, tp: TopicPartition, max_bytes: int, now_ms: int) -> list[ProducerBatch]:
+        """Pop the ready batches at the front of ``tp``'s queue, at least one, up to ``max_bytes``."""
+        q = self._queues.get(tp)
+        out: list[ProducerBatch] = []
+        total = 0
+        while q and self.is_ready(q[0], now_ms):
+            if out and total + q[0].size_bytes > max_bytes:
+                break
+            batch = q.popleft()
+            batch.closed = True
+            total += batch.size_bytes
+            out.append(batch)
+        return out
+
+    def requeue(self, batches: Iterable[ProducerBatch], retry_at_ms: int) -> None:
+        """Put batches back at the front of their queues, in their original order."""
+        for batch in reversed(list(batches)):
+            batch.retry_at_ms = retry_at_ms
+            batch.retrying = True
+            q = self._queues.setdefault(batch.tp, deque())
+            q.appendleft(batch)
+
+    def expire(self, now_ms: int) -> list[ProducerBatch]:
+        """Remove and return queued batches whose delivery deadline passed."""
+        expired: list[ProducerBatch] = []
+        for q in self._queues.values():
+            while q and q[0].deadline_ms <= now_ms:
+                expired.append(q.popleft())
+        return expired
+
+    def release(self, batches: Iterable[ProducerBatch]) -> None:
+        """Batches that are done (acknowledged or failed) no longer count against buffer.memory."""
+        for batch in batches:
+            self.buffered_bytes -= batch.size_bytes
+
+    def fail_all(self) -> list[ProducerBatch]:
+        out = [b for q in self._queues.values() for b in q]
+        self._queues.clear()
+        return out
+
+    def empty(self) -> bool:
+        return not any(self._queues.values())

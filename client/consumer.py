@@ -1,0 +1,411 @@
+"""An asyncio consumer with manual assignment (Kafka's KafkaConsumer with ``assign``).
+
+    consumer = Consumer("127.0.0.1:9091", auto_offset_reset="earliest")
+    await consumer.start()
+    consumer.assign([TopicPartition("events", 0)])
+    for record in await consumer.poll(timeout_ms=1000):
+        print(record.offset, record.value)
+    await consumer.close()
+
+Fetches go to each partition's leader, one request per leader carrying all its
+partitions, with ``replica_id`` -1 and long polling (``fetch.min.bytes``,
+``fetch.max.wait.ms``). Requests stay in flight across ``poll`` calls, so one
+slow leader does not hold back data from another. A response is discarded for
+a partition whose position moved while it was in flight (aiokafka does the
+same). Errors: a leader change refreshes metadata and retries from the same
+position; OFFSET_OUT_OF_RANGE resets by ``auto.offset.reset`` only when the
+position is really outside the leader's log (below its log start or past its
+log end). When it lies between the leader's HW and LEO (a new leader whose HW
+lags) the position is kept and the fetch retried. No consumer groups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from client.errors import NoBrokersAvailableError
+from client.fetch_state import ConsumerRecord, OffsetReset, Positions
+from client.metadata import MetadataCache, parse_bootstrap
+from common.clock import Clock, SystemClock
+from common.errors import ErrorCode, error_for
+from common.http import RpcBadRequest, RpcClient, RpcError
+from common.logging import get_logger
+from common.wire import TopicPartition
+from storage.record_batch import decode_records, iter_batches
+
+log = get_logger(__name__)
+
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+
+_REFRESH_ON = frozenset({ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                         ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.FENCED_LEADER_EPOCH,
+                         ErrorCode.UNKNOWN_LEADER_EPOCH, ErrorCode.KAFKA_STORAGE_ERROR,
+                         ErrorCode.REPLICA_NOT_AVAILABLE, ErrorCode.NETWORK_EXCEPTION})
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerConfig:
+    auto_offset_reset: OffsetReset = OffsetReset.LATEST
+    fetch_min_bytes: int = 1
+    fetch_max_wait_ms: int = 500
+    fetch_max_bytes: int = 50 * 1024 * 1024
+    max_partition_fetch_bytes: int = 1024 * 1024
+    max_poll_records: int = 500
+    request_timeout_ms: int = 30_000
+    retry_backoff_ms: int = 100
+
+    def __post_init__(self) -> None:
+        for name in ("fetch_min_bytes", "fetch_max_bytes", "max_partition_fetch_bytes", "max_poll_records",
+                     "request_timeout_ms"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name.replace('_', '.')} must be > 0, got {getattr(self, name)}")
+        if self.fetch_max_wait_ms < 0 or self.retry_backoff_ms < 0:
+            raise ValueError("fetch.max.wait.ms and retry.backoff.ms must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class _FetchResult:
+    address: str
+    offsets: dict[TopicPartition, int]  # fetch offset per partition sent
+    response: dict[str, Any] | None
+    error: str | None = None
+
+
+def decode_fetched(tp: TopicPartition, data: bytes,
+                   high_watermark: int) -> tuple[list[tuple[int, ConsumerRecord]], int]:
+    """Records of whole batches in ``data`` below the HW, with their batch's leader epoch; and the
+    offset after the last whole batch (-1 if none)."""
+    out: list[tuple[int, ConsumerRecord]] = []
+    next_offset = -1
+    for pos, header in iter_batches(data):
+        next_offset = header.base_offset + header.last_offset_delta + 1
+        for r in decode_records(data, pos):
+            offset = header.base_offset + r.offset_delta
+            if 0 <= high_watermark <= offset:
+                break  # never hand out what is not committed (invariant 4), even if a broker sent it
+            out.append((header.partition_leader_epoch, ConsumerRecord(
+                tp.topic, tp.partition, offset, header.first_timestamp + r.timestamp_delta,
+                r.key, r.value, tuple(r.headers))))
+    return out, next_offset
+
+
+class Consumer:
+    def __init__(self, bootstrap: str | Sequence[str], config: ConsumerConfig | None = None, *,
+                 clock: Clock | None = None, **settings: Any) -> None:
+        if config is None:
+            if isinstance(settings.get("auto_offset_reset"), str):
+                settings["auto_offset_reset"] = OffsetReset(settings["auto_offset_reset"])
+            config = ConsumerConfig(**settings)
+        elif settings:
+            raise TypeError("pass either config or keyword settings, not both")
+        self.config = config
+        self._clock = clock or SystemClock()
+        addresses = parse_bootstrap(bootstrap) if isinstance(bootstrap, str) else list(bootstrap)
+        self._rpc = RpcClient(limit_per_host=4, timeout_s=config.request_timeout_ms / 1000 + 5)
+        self.metadata = MetadataCache(self._rpc, addresses, clock=self._clock,
+                                      retry_backoff_ms=config.retry_backoff_ms)
+        self._positions = Positions()
+        self._buffer: deque[ConsumerRecord] = deque()
+        self._in_flight: dict[str, asyncio.Task[_FetchResult]] = {}
+        self._fetching: set[TopicPartition] = set()
+        self._backoff_until: dict[TopicPartition, int] = {}
+        self._closed = False
+
+    async def __aenter__(self) -> Consumer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Nothing to do until the first poll; here for symmetry with the producer."""
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in self._in_flight.values():
+            task.cancel()
+        if self._in_flight:
+            await asyncio.gather(*self._in_flight.values(), return_exceptions=True)
+        self._in_flight.clear()
+        await self._rpc.close()
+
+    # -- assignment and positions ----------------------------------------------------------------
+
+    def assign(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> None:
+        tps = [TopicPartition(str(t), int(p)) for t, p in partitions]
+        self._positions.assign(tps)
+        self.metadata.add_topics({tp.topic for tp in tps})
+        self._buffer = deque(r for r in self._buffer if TopicPartition(r.topic, r.partition) in set(tps))
+
+    def assignment(self) -> list[TopicPartition]:
+        return self._positions.assigned()
+
+    async def assign_topic(self, topic: str, timeout_ms: int = 30_000) -> list[TopicPartition]:
+        """Assign every partition of ``topic`` (waits for the topic to exist)."""
+        parts = await self.metadata.wait_for_topic(topic, timeout_ms)
+        tps = [TopicPartition(topic, p) for p in parts]
+        self.assign([*self.assignment(), *tps])
+        return tps
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        tp = TopicPartition(*tp)
+        self._positions.seek(tp, offset)
+        self._drop_buffered(tp)
+
+    async def seek_to_beginning(self, *tps: TopicPartition) -> None:
+        await self._reset(list(tps) or self.assignment(), OffsetReset.EARLIEST)
+
+    async def seek_to_end(self, *tps: TopicPartition) -> None:
+        await self._reset(list(tps) or self.assignment(), OffsetReset.LATEST)
+
+    async def position(self, tp: TopicPartition) -> int:
+        """The offset of the next record ``poll`` returns for ``tp``."""
+        tp = TopicPartition(*tp)
+        for r in self._buffer:
+            if r.topic == tp.topic and r.partition == tp.partition:
+                return r.offset
+        if self._positions.get(tp).offset is None:
+            await self._reset([tp], self.config.auto_offset_reset)
+        offset = self._positions.get(tp).offset
+        assert offset is not None
+        return offset
+
+    def high_watermark(self, tp: TopicPartition) -> int:
+        """The HW seen in the last fetch of ``tp`` (-1 before any)."""
+        return self._positions.get(TopicPartition(*tp)).high_watermark
+
+    async def end_offsets(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        return await self.list_offsets(tps, LATEST_TIMESTAMP)
+
+    async def beginning_offsets(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        return await self.list_offsets(tps, EARLIEST_TIMESTAMP)
+
+    def _drop_buffered(self, tp: TopicPartition) -> None:
+        self._buffer = deque(r for r in self._buffer if (r.topic, r.partition) != tp)
+
+    # -- poll ------------------------------------------------------------------------------------
+
+    async def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[ConsumerRecord]:
+        """Up to ``max_records`` records, waiting up to ``timeout_ms`` for some to arrive."""
+        if self._closed:
+            raise RuntimeError("consumer is closed")
+        limit = max_records or self.config.max_poll_records
+        deadline = self._clock.monotonic_ms() + max(0, timeout_ms)
+        while not self._buffer:
+            needs = self._positions.needs_reset()
+            if needs:
+                await self._reset(needs, self.config.auto_offset_reset)
+            self._start_fetches(deadline)
+            remaining_ms = deadline - self._clock.monotonic_ms()
+            if remaining_ms <= 0:
+                break
+            if not self._in_flight:
+                await asyncio.sleep(min(remaining_ms, max(self.config.retry_backoff_ms, 1)) / 1000)
+                continue
+            done, _ = await asyncio.wait(list(self._in_flight.values()), timeout=remaining_ms / 1000,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                self._handle(task.result())
+        out: list[ConsumerRecord] = []
+        while self._buffer and len(out) < limit:
+            out.append(self._buffer.popleft())
+        return out
+
+    def _start_fetches(self, deadline_ms: int) -> None:
+        now = self._clock.monotonic_ms()
+        md = self.metadata.current
+        by_leader: dict[str, list[tuple[TopicPartition, int]]] = {}
+        need_refresh = False
+        for tp in self._positions.fetchable():
+            if tp in self._fetching or self._backoff_until.get(tp, 0) > now:
+                continue
+            if any(r.topic == tp.topic and r.partition == tp.partition for r in self._buffer):
+                continue
+            leader = md.leader_address(tp)
+            if leader is None:
+                need_refresh = True
+                continue
+            offset = self._positions.get(tp).offset
+            assert offset is not None
+            by_leader.setdefault(leader[1], []).append((tp, offset))
+        if need_refresh:
+            self._spawn_refresh()
+        max_wait_ms = max(0, min(self.config.fetch_max_wait_ms, deadline_ms - now))
+        for address, items in by_leader.items():
+            if address in self._in_flight:
+                continue
+            offsets = dict(items)
+            self._fetching.update(offsets)
+            self._in_flight[address] = asyncio.create_task(self._fetch(address, offsets, max_wait_ms))
+
+    def _spawn_refresh(self) -> None:
+        if "__metadata__" in self._in_flight:
+            return
+
+        async def refresh() -> _FetchResult:
+            try:
+                await self.metadata.refresh()
+            except NoBrokersAvailableError as exc:
+                return _FetchResult("__metadata__", {}, None, str(exc))
+            return _FetchResult("__metadata__", {}, None)
+
+        self._in_flight["__metadata__"] = asyncio.create_task(refresh())
+
+    async def _fetch(self, address: str, offsets: dict[TopicPartition, int], max_wait_ms: int) -> _FetchResult:
+        topics: dict[str, list[dict[str, Any]]] = {}
+        for tp, offset in offsets.items():
+            # current_leader_epoch -1: no fencing check. Kafka sends its metadata epoch (KIP-320); reads
+            # stop at the HW either way, so a stale leader can only serve committed data.
+            topics.setdefault(tp.topic, []).append({
+                "partition": tp.partition, "fetch_offset": offset, "current_leader_epoch": -1,
+                "last_fetched_epoch": -1, "log_start_offset": -1,
+                "partition_max_bytes": self.config.max_partition_fetch_bytes})
+        body = {"replica_id": -1, "broker_epoch": -1, "max_wait_ms": max_wait_ms,
+                "min_bytes": self.config.fetch_min_bytes, "max_bytes": self.config.fetch_max_bytes,
+                "topics": [{"topic": t, "partitions": ps} for t, ps in topics.items()]}
+        try:
+            resp = await self._rpc.call(address, "fetch", body,
+                                        timeout_s=(max_wait_ms + self.config.request_timeout_ms) / 1000)
+        except RpcBadRequest as exc:
+            raise error_for(ErrorCode.INVALID_REQUEST, str(exc)) from exc
+        except RpcError as exc:
+            return _FetchResult(address, offsets, None, str(exc))
+        return _FetchResult(address, offsets, resp)
+
+    def _handle(self, result: _FetchResult) -> None:
+        self._in_flight.pop(result.address, None)
+        self._fetching.difference_update(result.offsets)
+        if result.address == "__metadata__":
+            return
+        if result.response is None:
+            log.info("consumer_fetch_failed", broker=result.address, error=result.error)
+            self._backoff(result.offsets)
+            self._spawn_refresh()
+            return
+        top = ErrorCode.of(int(result.response.get("error", 0)))
+        if top is not ErrorCode.NONE:
+            self._backoff(result.offsets)
+            self._spawn_refresh()
+            return
+        for t in result.response.get("topics") or []:
+            for p in t.get("partitions") or []:
+                tp = TopicPartition(str(t.get("topic")), int(p.get("partition", -1)))
+                if tp in result.offsets:
+                    self._handle_partition(tp, result.offsets[tp], p)
+
+    def _handle_partition(self, tp: TopicPartition, fetch_offset: int, p: dict[str, Any]) -> None:
+        code = ErrorCode.of(int(p.get("error", 0)))
+        if code is ErrorCode.NONE:
+            hw = int(p.get("high_watermark", -1))
+            self._positions.set_high_watermark(tp, hw)
+            records, next_offset = decode_fetched(tp, p.get("records") or b"", hw)
+            accepted = self._positions.accept(tp, fetch_offset, records)
+            if not accepted and next_offset > fetch_offset and (hw < 0 or next_offset <= hw):
+                self._positions.advance_to(tp, fetch_offset, next_offset)
+            self._buffer.extend(accepted)
+            return
+        if code is ErrorCode.OFFSET_OUT_OF_RANGE:
+            self._out_of_range(tp, fetch_offset, int(p.get("log_start_offset", -1)),
+                               int(p.get("log_end_offset", -1)))
+            return
+        log.info("consumer_fetch_partition_error", topic=tp.topic, partition=tp.partition, error=code.name,
+                 offset=fetch_offset)
+        self._backoff([tp])
+        if code in _REFRESH_ON or code.retriable:
+            self._spawn_refresh()
+            return
+        raise error_for(code, f"{code.name}: fetching {tp} at offset {fetch_offset}")
+
+    def _out_of_range(self, tp: TopicPartition, offset: int, log_start: int, log_end: int) -> None:
+        position = self._positions.get(tp).offset
+        if position != offset:
+            return
+        really_outside = (log_start >= 0 and offset < log_start) or (log_end >= 0 and offset > log_end)
+        log.info("consumer_offset_out_of_range", topic=tp.topic, partition=tp.partition, offset=offset,
+                 log_start_offset=log_start, log_end_offset=log_end, reset=really_outside)
+        if not really_outside:
+            self._backoff([tp])  # a lagging HW on a new leader: keep the position, retry
+            return
+        if self.config.auto_offset_reset is OffsetReset.NONE:
+            raise error_for(ErrorCode.OFFSET_OUT_OF_RANGE, f"offset {offset} of {tp} is out of range")
+        self._positions.seek(tp, None)
+
+    def _backoff(self, tps: Iterable[TopicPartition]) -> None:
+        until = self._clock.monotonic_ms() + self.config.retry_backoff_ms
+        for tp in tps:
+            self._backoff_until[tp] = until
+
+    # -- offsets ---------------------------------------------------------------------------------
+
+    async def _reset(self, tps: Sequence[TopicPartition], policy: OffsetReset) -> None:
+        if policy is OffsetReset.NONE:
+            raise error_for(ErrorCode.OFFSET_OUT_OF_RANGE, "no position and auto.offset.reset=none")
+        ts = EARLIEST_TIMESTAMP if policy is OffsetReset.EARLIEST else LATEST_TIMESTAMP
+        offsets = await self.list_offsets(tps, ts)
+        for tp, offset in offsets.items():
+            self._positions.seek(tp, offset)
+            self._drop_buffered(tp)
+
+    async def list_offsets(self, tps: Sequence[TopicPartition], timestamp: int, *,
+                           timeout_ms: int | None = None) -> dict[TopicPartition, int]:
+        """ListOffsets on each leader, retrying leader changes until ``timeout_ms``."""
+        budget_ms = timeout_ms if timeout_ms is not None else self.config.request_timeout_ms
+        deadline = self._clock.monotonic_ms() + budget_ms
+        wanted = [TopicPartition(*tp) for tp in tps]
+        self.metadata.add_topics({tp.topic for tp in wanted})
+        found: dict[TopicPartition, int] = {}
+        last_error = "no leader"
+        while True:
+            missing = [tp for tp in wanted if tp not in found]
+            if not missing:
+                return found
+            md = self.metadata.current
+            by_leader: dict[str, list[TopicPartition]] = {}
+            for tp in missing:
+                leader = md.leader_address(tp)
+                if leader is not None:
+                    by_leader.setdefault(leader[1], []).append(tp)
+            results = await asyncio.gather(*(self._list_offsets_at(a, ps, timestamp)
+                                             for a, ps in by_leader.items()))
+            for part, err in results:
+                found.update(part)
+                last_error = err or last_error
+            if all(tp in found for tp in wanted):
+                return found
+            if self._clock.monotonic_ms() >= deadline:
+                raise error_for(ErrorCode.LEADER_NOT_AVAILABLE, f"list_offsets: {last_error}")
+            with contextlib.suppress(NoBrokersAvailableError):
+                await self.metadata.refresh()
+
+    async def _list_offsets_at(self, address: str, tps: list[TopicPartition],
+                               timestamp: int) -> tuple[dict[TopicPartition, int], str | None]:
+        topics: dict[str, list[dict[str, Any]]] = {}
+        for tp in tps:
+            topics.setdefault(tp.topic, []).append(
+                {"partition": tp.partition, "current_leader_epoch": -1, "timestamp": timestamp})
+        body = {"replica_id": -1, "isolation_level": 0,
+                "topics": [{"topic": t, "partitions": ps} for t, ps in topics.items()]}
+        try:
+            resp = await self._rpc.call(address, "list_offsets", body)
+        except RpcError as exc:
+            return {}, str(exc)
+        out: dict[TopicPartition, int] = {}
+        error: str | None = None
+        for t in resp.get("topics") or []:
+            for p in t.get("partitions") or []:
+                tp = TopicPartition(str(t.get("topic")), int(p.get("partition", -1)))
+                code = ErrorCode.of(int(p.get("error", 0)))
+                if code is ErrorCode.NONE and tp in tps:
+                    out[tp] = int(p.get("offset", -1))
+                else:
+                    error = f"{tp}: {code.name}"
+                    if not code.retriable:
+                        raise error_for(code, f"list_offsets {tp}: {code.name}")
+        return out, error

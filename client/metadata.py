@@ -1,0 +1,194 @@
+"""The client's view of the cluster: brokers, and leader/epoch per partition.
+
+``ClusterMetadata`` is a pure value built from a ``metadata`` response
+(docs/protocol.md); ``MetadataCache`` holds the current one, refreshes it from
+any reachable broker (bootstrap list first, then known brokers) and lets
+callers ask for a refresh when a leader moved (NOT_LEADER_OR_FOLLOWER, a
+broken connection). Refreshes are coalesced: concurrent callers share one
+request, and they are rate-limited by ``retry.backoff.ms``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from client.errors import NoBrokersAvailableError
+from common.clock import Clock, SystemClock
+from common.errors import ErrorCode
+from common.http import RpcClient, RpcError
+from common.logging import get_logger
+from common.wire import TopicPartition
+
+log = get_logger(__name__)
+
+
+def parse_bootstrap(text: str) -> list[str]:
+    """``"h1:p1,h2:p2"`` -> ``["h1:p1", "h2:p2"]``; ``ValueError`` with a readable message."""
+    out: list[str] = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"expected HOST:PORT, got {item!r}")
+        out.append(f"{host}:{int(port)}")
+    if not out:
+        raise ValueError("no bootstrap address given")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    topic: str
+    partition: int
+    leader: int
+    leader_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    error: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterMetadata:
+    brokers: Mapping[int, str] = field(default_factory=dict)  # node_id -> "host:port"
+    partitions: Mapping[TopicPartition, PartitionInfo] = field(default_factory=dict)
+    topic_errors: Mapping[str, int] = field(default_factory=dict)
+    controller_id: int = -1
+    cluster_id: str | None = None
+
+    def partitions_for(self, topic: str) -> list[int]:
+        return sorted(tp.partition for tp in self.partitions if tp.topic == topic)
+
+    def leader_address(self, tp: TopicPartition) -> tuple[int, str] | None:
+        info = self.partitions.get(tp)
+        if info is None or info.leader < 0:
+            return None
+        address = self.brokers.get(info.leader)
+        return None if address is None else (info.leader, address)
+
+
+def metadata_from_response(resp: Mapping[str, Any]) -> ClusterMetadata:
+    brokers = {int(b["node_id"]): f"{b['host']}:{int(b['port'])}" for b in resp.get("brokers") or []}
+    partitions: dict[TopicPartition, PartitionInfo] = {}
+    topic_errors: dict[str, int] = {}
+    for t in resp.get("topics") or []:
+        name = str(t["topic"])
+        topic_errors[name] = int(t.get("error", 0))
+        for p in t.get("partitions") or []:
+            tp = TopicPartition(name, int(p["partition"]))
+            partitions[tp] = PartitionInfo(
+                topic=name, partition=tp.partition, leader=int(p.get("leader", -1)),
+                leader_epoch=int(p.get("leader_epoch", -1)),
+                replicas=tuple(int(r) for r in p.get("replicas") or ()),
+                isr=tuple(int(r) for r in p.get("isr") or ()), error=int(p.get("error", 0)))
+    return ClusterMetadata(brokers=brokers, partitions=partitions, topic_errors=topic_errors,
+                           controller_id=int(resp.get("controller_id", -1)),
+                           cluster_id=resp.get("cluster_id"))
+
+
+def merge_metadata(old: ClusterMetadata, new: ClusterMetadata, topics: Iterable[str] | None) -> ClusterMetadata:
+    """A refresh of some topics keeps what is known of the others; a refresh of all replaces all."""
+    if topics is None:
+        return new
+    wanted = set(topics)
+    partitions = {tp: info for tp, info in old.partitions.items() if tp.topic not in wanted}
+    partitions.update(new.partitions)
+    topic_errors = {t: e for t, e in old.topic_errors.items() if t not in wanted}
+    topic_errors.update(new.topic_errors)
+    return ClusterMetadata(brokers=new.brokers or old.brokers, partitions=partitions,
+                           topic_errors=topic_errors, controller_id=new.controller_id,
+                           cluster_id=new.cluster_id or old.cluster_id)
+
+
+class MetadataCache:
+    """Current cluster metadata plus the I/O to refresh it."""
+
+    def __init__(self, rpc: RpcClient, bootstrap: Sequence[str], *, clock: Clock | None = None,
+                 retry_backoff_ms: int = 100, request_timeout_ms: int = 5_000) -> None:
+        if not bootstrap:
+            raise ValueError("no bootstrap address given")
+        self._rpc = rpc
+        self._bootstrap = list(bootstrap)
+        self._clock = clock or SystemClock()
+        self._retry_backoff_ms = retry_backoff_ms
+        self._request_timeout_ms = request_timeout_ms
+        self._topics: set[str] = set()
+        self._current = ClusterMetadata()
+        self._refreshing: asyncio.Task[ClusterMetadata] | None = None
+        self._last_refresh_ms = -(10**12)
+        self._next_address = 0
+
+    @property
+    def current(self) -> ClusterMetadata:
+        return self._current
+
+    def add_topics(self, topics: Iterable[str]) -> None:
+        self._topics.update(topics)
+
+    def _candidates(self) -> list[str]:
+        known = [a for _, a in sorted(self._current.brokers.items())]
+        seen: list[str] = []
+        for address in known + self._bootstrap:
+            if address not in seen:
+                seen.append(address)
+        # rotate so one dead broker is not always asked first
+        start = self._next_address % len(seen)
+        return seen[start:] + seen[:start]
+
+    async def refresh(self, *, force: bool = False) -> ClusterMetadata:
+        """Refresh now (or join a refresh in flight); rate-limited unless ``force``."""
+        if self._refreshing is not None and not self._refreshing.done():
+            return await asyncio.shield(self._refreshing)
+        if not force and self._clock.monotonic_ms() - self._last_refresh_ms < self._retry_backoff_ms:
+            await asyncio.sleep(self._retry_backoff_ms / 1000)
+        if self._refreshing is not None and not self._refreshing.done():
+            return await asyncio.shield(self._refreshing)
+        self._refreshing = asyncio.ensure_future(self._fetch())
+        return await asyncio.shield(self._refreshing)
+
+    async def _fetch(self) -> ClusterMetadata:
+        topics = sorted(self._topics)
+        errors: list[str] = []
+        for address in self._candidates():
+            try:
+                resp = await self._rpc.call(address, "metadata", {"topics": topics},
+                                            timeout_s=self._request_timeout_ms / 1000)
+            except RpcError as exc:
+                errors.append(str(exc))
+                self._next_address += 1
+                continue
+            fresh = metadata_from_response(resp)
+            self._current = merge_metadata(self._current, fresh, topics)
+            self._last_refresh_ms = self._clock.monotonic_ms()
+            return self._current
+        self._last_refresh_ms = self._clock.monotonic_ms()
+        raise NoBrokersAvailableError("no broker answered metadata: " + "; ".join(errors[-3:]))
+
+    async def wait_for_topic(self, topic: str, timeout_ms: int) -> list[int]:
+        """Partitions of ``topic`` once every one has a leader; raises the topic's error on timeout."""
+        self.add_topics([topic])
+        deadline = self._clock.monotonic_ms() + timeout_ms
+        while True:
+            try:
+                md = await self.refresh(force=True)
+            except NoBrokersAvailableError:
+                if self._clock.monotonic_ms() >= deadline:
+                    raise
+                await asyncio.sleep(self._retry_backoff_ms / 1000)
+                continue
+            parts = md.partitions_for(topic)
+            if parts and all(md.leader_address(TopicPartition(topic, p)) for p in parts):
+                return parts
+            if self._clock.monotonic_ms() >= deadline:
+                if parts:
+                    return parts
+                code = ErrorCode.of(md.topic_errors.get(topic, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+                if code is ErrorCode.NONE:
+                    code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                from common.errors import error_for
+                raise error_for(code, f"{code.name}: topic {topic!r}")
+            await asyncio.sleep(self._retry_backoff_ms / 1000)

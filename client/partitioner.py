@@ -1,0 +1,69 @@
+"""Choosing a partition for a record (pure).
+
+Keyed records: Kafka's ``murmur2(key) & 0x7fffffff % num_partitions`` so the
+same key always lands on the same partition (and on the same one Kafka's Java
+client would pick). Records without a key use a sticky partition (KIP-480):
+all of them go to one partition until its batch is sent, then the partitioner
+moves on round-robin, which keeps batches full instead of spraying one record
+per partition.
+"""
+
+from __future__ import annotations
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's ``Utils.murmur2`` (seed 0x9747b28c), as a signed 32-bit int."""
+    length = len(data)
+    seed = 0x9747B28C
+    m = 0x5BD1E995
+    r = 24
+    h = (seed ^ length) & 0xFFFFFFFF
+    length4 = length // 4
+    for i in range(length4):
+        i4 = i * 4
+        k = data[i4] | (data[i4 + 1] << 8) | (data[i4 + 2] << 16) | (data[i4 + 3] << 24)
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> r
+        k = (k * m) & 0xFFFFFFFF
+        h = (h * m) & 0xFFFFFFFF
+        h ^= k
+    extra = length % 4
+    tail = length4 * 4
+    if extra == 3:
+        h ^= data[tail + 2] << 16
+    if extra >= 2:
+        h ^= data[tail + 1] << 8
+    if extra >= 1:
+        h ^= data[tail]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def partition_for_key(key: bytes, num_partitions: int) -> int:
+    assert num_partitions > 0
+    return (murmur2(key) & 0x7FFFFFFF) % num_partitions
+
+
+class StickyPartitioner:
+    """Keyless records stick to one partition per topic until ``on_new_batch`` moves it on."""
+
+    def __init__(self, start: int = 0) -> None:
+        self._start = start
+        self._current: dict[str, int] = {}
+
+    def partition(self, topic: str, key: bytes | None, num_partitions: int) -> int:
+        if key is not None:
+            return partition_for_key(key, num_partitions)
+        current = self._current.get(topic)
+        if current is None or current >= num_partitions:
+            current = self._start % num_partitions
+            self._current[topic] = current
+        return current
+
+    def on_new_batch(self, topic: str, num_partitions: int) -> None:
+        """The sticky partition's batch was closed: move to the next partition."""
+        current = self._current.get(topic, self._start)
+        self._current[topic] = (current + 1) % max(num_partitions, 1)

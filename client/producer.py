@@ -1,0 +1,432 @@
+"""An asyncio producer (Kafka's KafkaProducer, simplified).
+
+    producer = Producer("127.0.0.1:9091", acks="all")
+    await producer.start()
+    fut = await producer.send("events", b"hello", key=b"k")   # queued; returns a DeliveryFuture
+    meta = await fut                                         # RecordMetadata(topic, partition, offset)
+    await producer.close()                                   # flushes first
+
+``send`` only waits for metadata (``max.block.ms``) or for room in
+``buffer.memory``; a background sender task drains ready batches (see
+``client.accumulator``) into one produce request per leader broker, at most
+``max.in.flight.requests.per.connection`` requests per broker at once.
+Retriable errors (leader moved, not enough replicas, timeouts, broken
+connections) refresh metadata and retry after ``retry.backoff.ms`` until
+``delivery.timeout.ms``; other errors fail the records with a typed error.
+With ``acks=0`` a record resolves with offset -1 as soon as its request is
+written (Kafka does the same); the answer is read and ignored.
+No idempotence: a retry after a lost answer may write a record twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from client.accumulator import ProducerBatch, RecordAccumulator
+from client.errors import DeliveryTimeoutError, NoBrokersAvailableError, ProducerClosedError
+from client.metadata import MetadataCache, parse_bootstrap
+from client.partitioner import StickyPartitioner
+from common.clock import Clock, SystemClock
+from common.errors import ErrorCode, MinibrokerError, error_for
+from common.http import RpcBadRequest, RpcClient, RpcConnectionError, RpcError
+from common.logging import get_logger
+from common.wire import TopicPartition
+from storage.record_batch import build_batch
+
+log = get_logger(__name__)
+
+ACKS = {"all": -1, "-1": -1, "1": 1, "0": 0}
+
+_REFRESH_ON = frozenset({ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                         ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.FENCED_LEADER_EPOCH,
+                         ErrorCode.UNKNOWN_LEADER_EPOCH, ErrorCode.NETWORK_EXCEPTION,
+                         ErrorCode.KAFKA_STORAGE_ERROR})
+
+
+def parse_acks(value: str | int) -> int:
+    acks = ACKS.get(str(value).strip().lower())
+    if acks is None:
+        raise ValueError(f"acks must be all, -1, 0 or 1, got {value!r}")
+    return acks
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerConfig:
+    """Kafka's producer settings (same names with dots as underscores, same defaults where sensible)."""
+
+    acks: int = -1
+    batch_size: int = 16_384
+    linger_ms: int = 5  # Kafka 3.x defaults to 0; 5 ms batches better in Python and costs little latency
+    buffer_memory: int = 32 * 1024 * 1024
+    max_request_size: int = 1024 * 1024
+    max_in_flight_requests_per_connection: int = 5
+    retries: int = 2**31 - 1
+    retry_backoff_ms: int = 100
+    request_timeout_ms: int = 30_000
+    delivery_timeout_ms: int = 120_000
+    max_block_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        if self.acks not in (-1, 0, 1):
+            raise ValueError(f"acks must be -1, 0 or 1, got {self.acks}")
+        for name in ("batch_size", "buffer_memory", "max_request_size", "max_in_flight_requests_per_connection",
+                     "request_timeout_ms", "delivery_timeout_ms"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name.replace('_', '.')} must be > 0, got {getattr(self, name)}")
+        for name in ("linger_ms", "retries", "retry_backoff_ms", "max_block_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name.replace('_', '.')} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, slots=True)
+class RecordMetadata:
+    topic: str
+    partition: int
+    offset: int  # -1 with acks=0
+    timestamp: int
+
+
+class DeliveryFuture:
+    """The outcome of one ``send``: await it for ``RecordMetadata`` or a typed error."""
+
+    __slots__ = ("_batch", "_index")
+
+    def __init__(self, batch: ProducerBatch, index: int) -> None:
+        self._batch = batch
+        self._index = index
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return self._batch.tp
+
+    def done(self) -> bool:
+        return bool(self._batch.completion.done())
+
+    def exception(self) -> BaseException | None:
+        exc: BaseException | None = self._batch.completion.exception()
+        return exc
+
+    def result(self) -> RecordMetadata:
+        base: int = self._batch.completion.result()
+        offset = -1 if base < 0 else base + self._index
+        tp = self._batch.tp
+        return RecordMetadata(tp.topic, tp.partition, offset, self._batch.records[self._index][2])
+
+    @property
+    def index(self) -> int:
+        """Position of the record in its batch; 0 for the record that opened a batch."""
+        return self._index
+
+    def add_done_callback(self, fn: Callable[[DeliveryFuture], Any]) -> None:
+        self._batch.completion.add_done_callback(lambda _f: fn(self))
+
+    def add_batch_callback(self, fn: Callable[[int, BaseException | None], Any]) -> None:
+        """Call ``fn(record_count, error)`` once when this record's whole batch is done (cheap per-batch
+        accounting for benchmarks: register it on the future whose ``index`` is 0)."""
+        batch = self._batch
+        batch.completion.add_done_callback(lambda f: fn(len(batch), f.exception()))
+
+    def __await__(self) -> Generator[Any, None, RecordMetadata]:
+        yield from asyncio.shield(self._batch.completion).__await__()
+        return self.result()
+
+
+class Producer:
+    def __init__(self, bootstrap: str | Sequence[str], config: ProducerConfig | None = None, *,
+                 clock: Clock | None = None, **settings: Any) -> None:
+        if config is None:
+            if "acks" in settings:
+                settings["acks"] = parse_acks(settings["acks"])
+            config = ProducerConfig(**settings)
+        elif settings:
+            raise TypeError("pass either config or keyword settings, not both")
+        self.config = config
+        self._clock = clock or SystemClock()
+        addresses = parse_bootstrap(bootstrap) if isinstance(bootstrap, str) else list(bootstrap)
+        self._rpc = RpcClient(limit_per_host=config.max_in_flight_requests_per_connection,
+                              timeout_s=config.request_timeout_ms / 1000 + 5)
+        self.metadata = MetadataCache(self._rpc, addresses, clock=self._clock,
+                                      retry_backoff_ms=config.retry_backoff_ms)
+        self._acc = RecordAccumulator(batch_size=config.batch_size, linger_ms=config.linger_ms,
+                                      delivery_timeout_ms=config.delivery_timeout_ms)
+        self._partitioner = StickyPartitioner()
+        self._wake = asyncio.Event()
+        self._space = asyncio.Event()
+        self._muted: set[TopicPartition] = set()
+        self._in_flight: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._pending: set[asyncio.Future[int]] = set()
+        self._sender: asyncio.Task[None] | None = None
+        self._closed = False
+        self._need_refresh = False
+
+    async def __aenter__(self) -> Producer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        if self._sender is None:
+            self._sender = asyncio.create_task(self._run(), name="producer-sender")
+
+    # -- the user side ---------------------------------------------------------------------------
+
+    async def send(self, topic: str, value: bytes | None, *, key: bytes | None = None,
+                   partition: int | None = None, timestamp_ms: int | None = None) -> DeliveryFuture:
+        """Queue one record; returns its DeliveryFuture. Raises for an unknown topic or partition."""
+        if self._closed:
+            raise ProducerClosedError("producer is closed")
+        if self._sender is None:
+            await self.start()
+        num_partitions = await self._num_partitions(topic)
+        if partition is None:
+            partition = self._partitioner.partition(topic, key, num_partitions)
+        elif not 0 <= partition < num_partitions:
+            raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                            f"partition {partition} of {topic!r} does not exist ({num_partitions} partitions)")
+        while self._acc.buffered_bytes >= self.config.buffer_memory:
+            self._space.clear()
+            self._wake.set()
+            await self._space.wait()
+        now = self._clock.monotonic_ms()
+        ts = self._clock.now_ms() if timestamp_ms is None else timestamp_ms
+        batch, index, new_batch = self._acc.append(TopicPartition(topic, partition), key, value, ts, now)
+        if new_batch:
+            batch.completion = asyncio.get_running_loop().create_future()
+            self._pending.add(batch.completion)
+            batch.completion.add_done_callback(self._pending.discard)
+            if key is None:
+                self._partitioner.on_new_batch(topic, num_partitions)
+            self._wake.set()
+        elif batch.closed:
+            self._wake.set()
+        return DeliveryFuture(batch, index)
+
+    async def send_and_wait(self, topic: str, value: bytes | None, **kw: Any) -> RecordMetadata:
+        return await (await self.send(topic, value, **kw))
+
+    async def partitions_for(self, topic: str) -> list[int]:
+        await self._num_partitions(topic)
+        return self.metadata.current.partitions_for(topic)
+
+    async def _num_partitions(self, topic: str) -> int:
+        parts = self.metadata.current.partitions_for(topic)
+        if parts:
+            return len(parts)
+        parts = await self.metadata.wait_for_topic(topic, self.config.max_block_ms)
+        return len(parts)
+
+    async def flush(self) -> None:
+        """Send everything queued now (ignoring linger) and wait until every record is done."""
+        self._acc.flushing = True
+        self._wake.set()
+        try:
+            while self._pending:
+                await asyncio.wait(list(self._pending))
+        finally:
+            self._acc.flushing = False
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            await self.flush()
+        finally:
+            self._closed = True
+            self._wake.set()
+            if self._sender is not None:
+                self._sender.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._sender
+            for task in list(self._tasks):
+                task.cancel()
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._fail(self._acc.fail_all(), ProducerClosedError("producer closed before delivery"))
+            await self._rpc.close()
+
+    # -- the sender ------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while not self._closed:
+            self._wake.clear()
+            if self._need_refresh:
+                self._need_refresh = False
+                self._spawn(self._refresh_metadata())
+            timeout_ms = self._send_ready()
+            if self._wake.is_set():
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), None if timeout_ms is None else timeout_ms / 1000)
+
+    async def _refresh_metadata(self) -> None:
+        try:
+            await self.metadata.refresh()
+        except NoBrokersAvailableError as exc:
+            log.warning("producer_metadata_refresh_failed", error=str(exc))
+        self._wake.set()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _send_ready(self) -> int | None:
+        """Send every ready batch whose leader has room; returns ms until the next batch is ready."""
+        now = self._clock.monotonic_ms()
+        expired = self._acc.expire(now)
+        for batch in expired:
+            last = f" (last error {batch.last_error})" if batch.last_error else ""
+            self._fail([batch], DeliveryTimeoutError(
+                f"not acknowledged within delivery.timeout.ms={self.config.delivery_timeout_ms}{last}"))
+        md = self.metadata.current
+        by_leader: dict[str, list[TopicPartition]] = {}
+        next_ms: int | None = None
+        for tp in self._acc.partitions():
+            if tp in self._muted:
+                continue
+            head = self._acc.head(tp)
+            assert head is not None
+            if not self._acc.is_ready(head, now):
+                wait = max(1, self._acc.next_ready_ms(head) - now)
+                next_ms = wait if next_ms is None else min(next_ms, wait)
+                continue
+            leader = md.leader_address(tp)
+            if leader is None:
+                self._need_refresh = True
+                next_ms = self.config.retry_backoff_ms if next_ms is None else min(next_ms,
+                                                                                   self.config.retry_backoff_ms)
+                continue
+            by_leader.setdefault(leader[1], []).append(tp)
+        for address, tps in by_leader.items():
+            if self._in_flight.get(address, 0) >= self.config.max_in_flight_requests_per_connection:
+                continue
+            self._send_to(address, tps, now)
+        soonest_deadline = min((b.deadline_ms for tp in self._acc.partitions()
+                                if (b := self._acc.head(tp)) is not None), default=None)
+        if soonest_deadline is not None:
+            wait = max(1, soonest_deadline - now)
+            next_ms = wait if next_ms is None else min(next_ms, wait)
+        return next_ms
+
+    def _send_to(self, address: str, tps: list[TopicPartition], now: int) -> None:
+        budget = self.config.max_request_size
+        drained: dict[TopicPartition, list[ProducerBatch]] = {}
+        for tp in tps:
+            batches = self._acc.drain(tp, budget, now)
+            if not batches:
+                continue
+            drained[tp] = batches
+            budget -= sum(b.size_bytes for b in batches)
+            if budget <= 0:
+                break
+        if not drained:
+            return
+        self._muted.update(drained)
+        self._in_flight[address] = self._in_flight.get(address, 0) + 1
+        self._spawn(self._produce(address, drained))
+
+    def _request(self, drained: dict[TopicPartition, list[ProducerBatch]]) -> dict[str, Any]:
+        topics: dict[str, list[dict[str, Any]]] = {}
+        for tp, batches in drained.items():
+            data = b"".join(build_batch(b.records, timestamp_ms=b.records[0][2]) for b in batches)
+            topics.setdefault(tp.topic, []).append({"partition": tp.partition, "records": data})
+        return {"acks": self.config.acks, "timeout_ms": self.config.request_timeout_ms,
+                "topics": [{"topic": t, "partitions": ps} for t, ps in topics.items()]}
+
+    async def _produce(self, address: str, drained: dict[TopicPartition, list[ProducerBatch]]) -> None:
+        try:
+            for batches in drained.values():
+                for b in batches:
+                    b.attempts += 1
+            body = self._request(drained)
+            if self.config.acks == 0:
+                for batches in drained.values():
+                    self._complete(batches, -1)
+            try:
+                resp = await self._rpc.call(address, "produce", body,
+                                            timeout_s=self.config.request_timeout_ms / 1000 + 5)
+            except RpcBadRequest as exc:
+                for batches in drained.values():
+                    self._fail(batches, error_for(ErrorCode.INVALID_REQUEST, str(exc)))
+                return
+            except RpcError as exc:
+                for batches in drained.values():
+                    self._retry_or_fail(batches, ErrorCode.NETWORK_EXCEPTION, str(exc))
+                return
+            self._handle_response(resp, drained)
+        except Exception as exc:  # never let a sender task die with batches unresolved
+            log.exception("producer_send_failed", broker=address)
+            for batches in drained.values():
+                self._fail(batches, exc if isinstance(exc, MinibrokerError)
+                           else error_for(ErrorCode.UNKNOWN_SERVER_ERROR, repr(exc)))
+        finally:
+            self._in_flight[address] -= 1
+            self._muted.difference_update(drained)
+            self._wake.set()
+
+    def _handle_response(self, resp: dict[str, Any], drained: dict[TopicPartition, list[ProducerBatch]]) -> None:
+        answered: set[TopicPartition] = set()
+        for t in resp.get("topics") or []:
+            for p in t.get("partitions") or []:
+                tp = TopicPartition(str(t.get("topic")), int(p.get("partition", -1)))
+                batches = drained.get(tp)
+                if batches is None or tp in answered:
+                    continue
+                answered.add(tp)
+                code = ErrorCode.of(int(p.get("error", 0)))
+                if code is ErrorCode.NONE:
+                    self._complete(batches, int(p.get("base_offset", -1)))
+                else:
+                    self._retry_or_fail(batches, code, str(p.get("error_message") or ""))
+        for tp, batches in drained.items():
+            if tp not in answered:
+                self._retry_or_fail(batches, ErrorCode.UNKNOWN_SERVER_ERROR, "partition missing from response")
+
+    def _complete(self, batches: list[ProducerBatch], base_offset: int) -> None:
+        offset = base_offset
+        for b in batches:
+            if not b.completion.done():
+                b.completion.set_result(offset if base_offset >= 0 else -1)
+                self._acc.release([b])
+            offset += len(b)
+        self._space.set()
+
+    def _retry_or_fail(self, batches: list[ProducerBatch], code: ErrorCode, message: str) -> None:
+        if all(b.completion.done() for b in batches):  # acks=0: already resolved
+            return
+        now = self._clock.monotonic_ms()
+        head = batches[0]
+        if code.retriable and now >= head.deadline_ms:
+            self._fail(batches, DeliveryTimeoutError(
+                f"not acknowledged within delivery.timeout.ms={self.config.delivery_timeout_ms} "
+                f"(last error {code.name})"))
+            return
+        if code.retriable and head.attempts <= self.config.retries and not self._closed:
+            log.info("producer_retry", topic=head.tp.topic, partition=head.tp.partition, error=code.name,
+                     attempts=head.attempts, message=message)
+            if code in _REFRESH_ON:
+                self._need_refresh = True
+            for b in batches:
+                b.last_error = code.name
+            self._acc.requeue(batches, now + self.config.retry_backoff_ms)
+            return
+        self._fail(batches, error_for(code, f"{code.name}: {message}" if message else code.name))
+
+    def _fail(self, batches: Sequence[ProducerBatch], exc: BaseException) -> None:
+        for b in batches:
+            if b.completion is not None and not b.completion.done():
+                b.completion.set_exception(exc)
+                # mark retrieved so an unawaited failure is not reported as "never retrieved"
+                b.completion.exception()
+                self._acc.release([b])
+        self._space.set()
+
+
+__all__ = ["DeliveryFuture", "Producer", "ProducerConfig", "RecordMetadata", "RpcConnectionError", "parse_acks"]

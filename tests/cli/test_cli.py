@@ -1,0 +1,165 @@
+"""CLI parsing, validation and cluster bookkeeping, without a running cluster."""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from cli import cluster
+from cli.main import CliError, main
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        status = main(argv)
+    except SystemExit as exc:  # argparse usage errors
+        status = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_help_lists_the_client_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(["--help"], capsys)
+    assert status == 0
+    for name in ("cluster", "topics", "produce", "consume", "perf", "demo"):
+        assert name in out
+    status, out, _ = run(["perf", "--help"], capsys)
+    assert status == 0 and "produce" in out and "e2e" in out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["topics", "create", "t", "--partitions", "0", "--replication-factor", "1"], "--partitions must be > 0"),
+    (["topics", "create", "t", "--partitions", "x", "--replication-factor", "1"], "must be an integer"),
+    (["consume", "t", "--from-beginning", "--offset", "3"], "not allowed with"),
+    (["produce", "t", "--acks", "2"], "invalid choice"),
+    (["cluster", "kill", "1", "--signal", "HUP"], "invalid choice"),
+    (["perf", "produce", "--topic", "t", "--num-records", "-5", "--record-size", "100"], "must be > 0"),
+])
+def test_usage_errors_are_one_readable_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run(argv, capsys)
+    assert status == 2
+    assert message in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["topics", "create", "t", "--partitions", "1", "--replication-factor", "1", "--config", "nope=1"],
+     "unknown topic config 'nope'"),
+    (["topics", "create", "t", "--partitions", "1", "--replication-factor", "1", "--config", "min.insync.replicas"],
+     "key=value"),
+    (["produce", "t", "--bootstrap", "localhost"], "expected HOST:PORT"),
+    (["topics", "list", "--controller", "a:1,b:2"], "one HOST:PORT"),
+])
+def test_bad_values_are_reported_without_contacting_anything(argv: list[str], message: str,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run(argv, capsys)
+    assert status == 2, err
+    assert message in err and err.startswith("minibroker: error:")
+
+
+def test_unreachable_controller_is_one_line(capsys: pytest.CaptureFixture[str], unused_port: int) -> None:
+    status, _, err = run(["topics", "list", "--controller", f"127.0.0.1:{unused_port}"], capsys)
+    assert status != 0
+    assert err.startswith("minibroker: error:") and len(err.strip().splitlines()) == 1
+
+
+def test_produce_to_unreachable_brokers_fails_cleanly(capsys: pytest.CaptureFixture[str], unused_port: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    status, _, err = run(["produce", "t", "--bootstrap", f"127.0.0.1:{unused_port}", "--max-block-ms", "300"], capsys)
+    assert status != 0
+    assert "minibroker: error:" in err and "Traceback" not in err
+
+
+@pytest.fixture
+def unused_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_plan_and_cluster_file_round_trip(tmp_path: Path) -> None:
+    spec = cluster.plan(tmp_path, 3, 9190, settings=["replica.lag.time.max.ms=5000"])
+    assert [m.name for m in spec.members] == ["controller", "broker-1", "broker-2", "broker-3"]
+    assert [m.port for m in spec.members] == [9190, 9191, 9192, 9193]
+    assert spec.bootstrap == "127.0.0.1:9191,127.0.0.1:9192,127.0.0.1:9193"
+    cmd = cluster.command(spec, spec.member("2"))
+    assert cmd[cmd.index("--node-id") + 1] == "2"
+    assert cmd[cmd.index("--controller") + 1] == "127.0.0.1:9190"
+    assert cmd[cmd.index("--set") + 1] == "replica.lag.time.max.ms=5000"
+    assert "-m" not in cmd  # see cluster.minibroker_argv
+    cluster.save(spec.with_member(replace(spec.member("controller"), pid=123)))
+    loaded = cluster.load(tmp_path)
+    assert loaded.member("controller").pid == 123 and loaded.brokers == spec.brokers
+    doc = json.loads((tmp_path / "cluster.json").read_text())
+    assert doc["bootstrap"] == spec.bootstrap and doc["members"][1]["command"][-2:] == ["--set",
+                                                                                        "replica.lag.time.max.ms=5000"]
+    with pytest.raises(CliError, match="no cluster member"):
+        spec.member("7")
+    with pytest.raises(CliError, match="--brokers"):
+        cluster.plan(tmp_path, 0, 9190)
+
+
+def test_commands_on_a_missing_cluster_say_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for action in (["status"], ["down"], ["kill", "1"], ["start", "1"]):
+        status, _, err = run(["cluster", *action, "--data-dir", str(tmp_path)], capsys)
+        assert status == 2 and "no cluster in" in err
+
+
+def test_pids_are_signalled_only_while_they_are_still_the_member(tmp_path: Path) -> None:
+    """A recorded pid whose process is no longer the member (exited, or recycled) is left alone."""
+    data_dir = tmp_path / "broker-1"
+    proc = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(60)", str(data_dir)])
+    try:
+        m = cluster.Member("broker-1", "broker", 1, "127.0.0.1", 1, str(data_dir), str(tmp_path / "b.log"),
+                           pid=proc.pid)
+        other = cluster.Member("broker-2", "broker", 2, "127.0.0.1", 2, str(tmp_path / "elsewhere"),
+                               str(tmp_path / "c.log"), pid=proc.pid)
+        assert cluster.is_running(m)
+        assert not cluster.is_running(other)
+        assert not cluster.send_signal(other, signal.SIGTERM)
+        assert cluster.send_signal(m, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while not cluster._is_stopped(m) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert cluster._is_stopped(m)
+        assert cluster.stop_members([m], timeout_s=5) == []  # SIGCONT + SIGTERM is enough
+        proc.wait(timeout=10)
+        assert not cluster.is_running(m)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_up_refuses_a_port_in_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        status, _, err = run(["cluster", "up", "--detach", "--data-dir", str(tmp_path), "--base-port", str(port),
+                              "--brokers", "1"], capsys)
+    assert status == 2 and "already in use" in err
+    assert not (tmp_path / "cluster.json").exists()
+
+
+def test_entry_point_prints_one_line_errors() -> None:
+    script = Path(sys.executable).parent / "minibroker"
+    argv = [str(script)] if script.exists() else [sys.executable, "-c",
+                                                  "import sys; from cli.main import main; sys.exit(main())"]
+    proc = subprocess.run([*argv, "cluster", "status", "--data-dir", "/nonexistent/minibroker"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("minibroker: error: no cluster in") and "Traceback" not in proc.stderr

@@ -1,0 +1,119 @@
+"""``minibroker produce`` / ``consume`` / ``perf`` as real subprocesses against fake brokers (real HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from common.wire import TopicPartition
+from tests.client.fake_broker import FakeCluster
+
+TOPIC = "lines"
+
+
+def minibroker() -> list[str]:
+    script = Path(sys.executable).parent / "minibroker"
+    if script.exists():
+        return [sys.executable, str(script)]
+    return [sys.executable, "-c", "import sys; from cli.main import main; sys.exit(main())"]
+
+
+async def run(*argv: str, stdin: bytes = b"", timeout_s: float = 60) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(*minibroker(), *argv, stdin=asyncio.subprocess.PIPE,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout_s)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeCluster]:
+    cluster = FakeCluster()
+    await cluster.start(2)
+    cluster.create_topic(TOPIC, 2)
+    try:
+        yield cluster
+    finally:
+        await cluster.close()
+
+
+async def test_produce_with_keys_and_delivery_reports_then_consume_json(fake: FakeCluster) -> None:
+    lines = b"".join(f"k{i % 3}:value {i}\n".encode() for i in range(50))
+    status, out, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap, "--key-separator", ":",
+                                 "--delivery-report", stdin=lines)
+    assert status == 0, err
+    reports = [json.loads(line) for line in out.splitlines()]
+    assert sorted(r["value"] for r in reports) == sorted(f"value {i}" for i in range(50))
+    assert all("offset" in r and "error" not in r for r in reports)
+    status, out, err = await run("consume", TOPIC, "--bootstrap", fake.bootstrap, "--from-beginning",
+                                 "--format", "json", "--max-messages", "50", "--timeout-ms", "5000")
+    assert status == 0, err
+    records = [json.loads(line) for line in out.splitlines()]
+    assert len(records) == 50
+    assert set(records[0]) == {"partition", "offset", "key", "value", "timestamp"}
+    for r in records:
+        i = int(r["value"].split()[1])
+        assert r["key"] == f"k{i % 3}"
+        assert {"partition": r["partition"], "offset": r["offset"]} in [
+            {"partition": x["partition"], "offset": x["offset"]} for x in reports if x["value"] == r["value"]]
+
+
+async def test_consume_text_from_an_offset_on_one_partition_stops_when_idle(fake: FakeCluster) -> None:
+    status, _, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "1",
+                               stdin=b"a\nb\nc\nd\n")
+    assert status == 0, err
+    status, out, err = await run("consume", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "1",
+                                 "--offset", "2", "--timeout-ms", "500")
+    assert status == 0, err
+    assert out.splitlines() == ["c", "d"]
+    assert "consumed 2 messages" in err
+
+
+async def test_produce_reports_failures_and_exits_non_zero(fake: FakeCluster) -> None:
+    from common.errors import ErrorCode
+
+    fake.errors[TopicPartition(TOPIC, 0)].append(ErrorCode.MESSAGE_TOO_LARGE)
+    status, out, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "0",
+                                 "--delivery-report", "--linger-ms", "50", stdin=b"x\ny\n")
+    assert status == 1
+    assert [json.loads(line) for line in out.splitlines()] == [
+        {"value": "x", "error": "MESSAGE_TOO_LARGE"}, {"value": "y", "error": "MESSAGE_TOO_LARGE"}]
+    assert "2 of 2 records were not acknowledged" in err and "Traceback" not in err
+
+
+async def test_unknown_topic_and_partition_are_one_line_errors(fake: FakeCluster) -> None:
+    status, _, err = await run("produce", "nope", "--bootstrap", fake.bootstrap, "--max-block-ms", "300",
+                               stdin=b"x\n")
+    assert status != 0 and "UNKNOWN_TOPIC_OR_PARTITION" in err and "Traceback" not in err
+    status, _, err = await run("consume", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "7",
+                               "--timeout-ms", "100")
+    assert status != 0 and "no partition 7" in err
+
+
+async def test_perf_produce_and_consume_print_kafka_style_figures(fake: FakeCluster) -> None:
+    status, out, err = await run("perf", "produce", "--topic", TOPIC, "--num-records", "3000", "--record-size",
+                                 "100", "--bootstrap", fake.bootstrap, "--reporting-interval", "100")
+    assert status == 0, err
+    final = out.splitlines()[-1]
+    assert final.startswith("3000 records sent,") and "records/sec" in final and "99.9th" in final
+    status, out, err = await run("perf", "consume", "--topic", TOPIC, "--num-records", "3000", "--bootstrap",
+                                 fake.bootstrap)
+    assert status == 0, err
+    assert "data.consumed.in.nMsg" in out and "3000 records consumed" in out
+
+
+async def test_perf_e2e_reports_latency_percentiles(fake: FakeCluster) -> None:
+    status, out, err = await run("perf", "e2e", "--topic", TOPIC, "--num-records", "200", "--throughput", "400",
+                                 "--bootstrap", fake.bootstrap, "--fetch-max-wait-ms", "100")
+    assert status == 0, err
+    assert "200 of 200 records received" in out and "99th" in out

@@ -1,0 +1,206 @@
+"""A fake cluster of brokers behind the real HTTP interface (docs/protocol.md), for client tests.
+
+Each fake broker is a real aiohttp server on 127.0.0.1 port 0; all share one
+``FakeCluster`` state: per partition a leader, a leader epoch, and an
+in-memory log of stamped batches (``storage.record_batch``). The HW equals the
+LEO unless a test holds it back (``hw_lag``). Tests move leaders, inject
+per-partition errors and stop servers to drive the client's error handling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from common.errors import ErrorCode
+from common.wire import CONTENT_TYPE, TopicPartition, decode_body, encode
+from storage.record_batch import iter_batches, stamp
+
+
+@dataclass
+class FakePartition:
+    leader: int
+    replicas: list[int]
+    leader_epoch: int = 0
+    batches: list[tuple[int, int, bytes]] = field(default_factory=list)  # (base, next, bytes)
+    log_start_offset: int = 0
+    log_end_offset: int = 0
+    hw_lag: int = 0
+
+    @property
+    def high_watermark(self) -> int:
+        return max(self.log_start_offset, self.log_end_offset - self.hw_lag)
+
+
+class FakeCluster:
+    def __init__(self) -> None:
+        self.partitions: dict[TopicPartition, FakePartition] = {}
+        self.addresses: dict[int, str] = {}
+        self.runners: dict[int, web.AppRunner] = {}
+        self.errors: dict[TopicPartition, deque[ErrorCode]] = defaultdict(deque)
+        self.produce_requests = 0
+        self.changed = asyncio.Condition()
+
+    def create_topic(self, topic: str, partitions: int, leaders: list[int] | None = None) -> None:
+        ids = sorted(self.addresses)
+        for p in range(partitions):
+            leader = leaders[p] if leaders else ids[p % len(ids)]
+            self.partitions[TopicPartition(topic, p)] = FakePartition(leader=leader, replicas=ids)
+
+    def move_leader(self, tp: TopicPartition, leader: int) -> None:
+        part = self.partitions[tp]
+        part.leader = leader
+        part.leader_epoch += 1
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(self.addresses[i] for i in sorted(self.addresses))
+
+    async def start(self, brokers: int) -> None:
+        for node_id in range(1, brokers + 1):
+            app = web.Application()
+            for api in ("metadata", "produce", "fetch", "list_offsets"):
+                app.router.add_post(f"/v1/{api}", self._handler(node_id, api))
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            port = runner.addresses[0][1]
+            self.addresses[node_id] = f"127.0.0.1:{port}"
+            self.runners[node_id] = runner
+
+    async def stop_broker(self, node_id: int) -> None:
+        runner = self.runners.pop(node_id, None)
+        if runner is not None:
+            await runner.cleanup()
+
+    async def close(self) -> None:
+        for node_id in list(self.runners):
+            await self.stop_broker(node_id)
+
+    def _handler(self, node_id: int, api: str) -> Any:
+        async def handle(request: web.Request) -> web.Response:
+            body = decode_body(await request.read())
+            result = await getattr(self, f"_{api}")(node_id, body)
+            return web.Response(body=encode(result), content_type=CONTENT_TYPE)
+        return handle
+
+    async def _metadata(self, node_id: int, body: dict[str, Any]) -> dict[str, Any]:
+        wanted = body.get("topics")
+        topics: dict[str, list[dict[str, Any]]] = {}
+        for tp, part in sorted(self.partitions.items()):
+            if wanted is None or tp.topic in wanted:
+                topics.setdefault(tp.topic, []).append({
+                    "partition": tp.partition, "error": 0, "leader": part.leader,
+                    "leader_epoch": part.leader_epoch, "replicas": part.replicas, "isr": part.replicas,
+                    "offline_replicas": []})
+        out = [{"topic": t, "error": 0, "partitions": ps} for t, ps in topics.items()]
+        out += [{"topic": t, "error": int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION), "partitions": []}
+                for t in wanted or [] if t not in topics]
+        brokers = [{"node_id": i, "host": a.split(":")[0], "port": int(a.split(":")[1])}
+                   for i, a in self.addresses.items() if i in self.runners]
+        return {"cluster_id": "fake", "controller_id": 0, "brokers": brokers, "topics": out}
+
+    def _check(self, node_id: int, tp: TopicPartition) -> ErrorCode:
+        part = self.partitions.get(tp)
+        if part is None:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        if part.leader != node_id:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        return ErrorCode.NONE
+
+    async def _produce(self, node_id: int, body: dict[str, Any]) -> dict[str, Any]:
+        self.produce_requests += 1
+        topics = []
+        for t in body["topics"]:
+            parts = []
+            for p in t["partitions"]:
+                tp = TopicPartition(t["topic"], p["partition"])
+                code = self._check(node_id, tp)
+                if code is ErrorCode.NONE and self.errors[tp]:
+                    code = self.errors[tp].popleft()
+                if code is not ErrorCode.NONE:
+                    parts.append({"partition": tp.partition, "error": int(code), "base_offset": -1,
+                                  "log_start_offset": -1})
+                    continue
+                part = self.partitions[tp]
+                base = part.log_end_offset
+                buf = bytearray(p["records"])
+                for pos, header in list(iter_batches(bytes(buf))):
+                    stamp(buf, pos, base_offset=part.log_end_offset, partition_leader_epoch=part.leader_epoch)
+                    start = part.log_end_offset
+                    part.log_end_offset += header.last_offset_delta + 1
+                    part.batches.append((start, part.log_end_offset, bytes(buf[pos:pos + header.size])))
+                parts.append({"partition": tp.partition, "error": 0, "base_offset": base,
+                              "log_start_offset": part.log_start_offset})
+            topics.append({"topic": t["topic"], "partitions": parts})
+        async with self.changed:
+            self.changed.notify_all()
+        return {"topics": topics}
+
+    def _read(self, node_id: int, tp: TopicPartition, offset: int, max_bytes: int) -> dict[str, Any]:
+        code = self._check(node_id, tp)
+        part = self.partitions.get(tp)
+        base: dict[str, Any] = {"partition": tp.partition, "error": int(code), "high_watermark": -1,
+                                "log_start_offset": -1, "log_end_offset": -1, "diverging_epoch": None,
+                                "records": b""}
+        if part is None or code is not ErrorCode.NONE:
+            return base
+        base.update(high_watermark=part.high_watermark, log_start_offset=part.log_start_offset,
+                    log_end_offset=part.log_end_offset)
+        if offset < part.log_start_offset or offset > part.high_watermark:
+            base["error"] = int(ErrorCode.OFFSET_OUT_OF_RANGE)
+            return base
+        chunks: list[bytes] = []
+        size = 0
+        for start, end, data in part.batches:
+            if end <= offset or start < part.log_start_offset:
+                continue
+            if end > part.high_watermark or (chunks and size + len(data) > max_bytes):
+                break
+            chunks.append(data)
+            size += len(data)
+        base["records"] = b"".join(chunks)
+        return base
+
+    async def _fetch(self, node_id: int, body: dict[str, Any]) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + body["max_wait_ms"] / 1000
+        while True:
+            topics = []
+            total = 0
+            for t in body["topics"]:
+                parts = []
+                for p in t["partitions"]:
+                    r = self._read(node_id, TopicPartition(t["topic"], p["partition"]), p["fetch_offset"],
+                                   p["partition_max_bytes"])
+                    total += len(r["records"]) + (1 if r["error"] else 0)
+                    parts.append(r)
+                topics.append({"topic": t["topic"], "partitions": parts})
+            remaining = deadline - loop.time()
+            if total >= body["min_bytes"] or remaining <= 0:
+                return {"error": 0, "topics": topics}
+            async with self.changed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.changed.wait(), remaining)
+
+    async def _list_offsets(self, node_id: int, body: dict[str, Any]) -> dict[str, Any]:
+        topics = []
+        for t in body["topics"]:
+            parts = []
+            for p in t["partitions"]:
+                tp = TopicPartition(t["topic"], p["partition"])
+                code = self._check(node_id, tp)
+                offset = -1
+                if code is ErrorCode.NONE:
+                    part = self.partitions[tp]
+                    offset = part.log_start_offset if p["timestamp"] == -2 else part.high_watermark
+                parts.append({"partition": tp.partition, "error": int(code), "timestamp": -1, "offset": offset,
+                              "leader_epoch": -1})
+            topics.append({"topic": t["topic"], "partitions": parts})
+        return {"topics": topics}

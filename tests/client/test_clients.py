@@ -1,0 +1,191 @@
+"""Producer and consumer against fake brokers that speak the real HTTP protocol."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from client import Consumer, Producer, ProducerConfig, TopicPartition
+from client.errors import DeliveryTimeoutError
+from client.partitioner import partition_for_key
+from common.errors import ErrorCode, MinibrokerError
+from tests.client.fake_broker import FakeCluster
+
+TOPIC = "events"
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeCluster]:
+    cluster = FakeCluster()
+    await cluster.start(2)
+    cluster.create_topic(TOPIC, 3)
+    try:
+        yield cluster
+    finally:
+        await cluster.close()
+
+
+def fast(**kw: int) -> ProducerConfig:
+    base = {"linger_ms": 2, "retry_backoff_ms": 20, "delivery_timeout_ms": 10_000, "request_timeout_ms": 5_000}
+    base.update(kw)
+    return ProducerConfig(**base)
+
+
+async def consume_all(bootstrap: str, expected: int, timeout_s: float = 20) -> list[object]:
+    out: list[object] = []
+    async with Consumer(bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=100) as consumer:
+        await consumer.assign_topic(TOPIC)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while len(out) < expected and loop.time() < deadline:
+            out += await consumer.poll(timeout_ms=200)
+    return out
+
+
+async def test_keyed_records_round_trip_in_order(fake: FakeCluster) -> None:
+    async with Producer(fake.bootstrap, fast()) as producer:
+        futures = [await producer.send(TOPIC, f"v{i}".encode(), key=f"k{i % 17}".encode()) for i in range(600)]
+        metas = [await f for f in futures]
+    for i, meta in enumerate(metas):
+        assert meta.partition == partition_for_key(f"k{i % 17}".encode(), 3)
+    assert fake.produce_requests < 100  # batched, not one request per record
+    records = await consume_all(fake.bootstrap, 600)
+    by_partition: dict[int, list[int]] = {}
+    for r in records:
+        by_partition.setdefault(r.partition, []).append(int(r.value[1:]))  # type: ignore[attr-defined]
+        assert r.key == f"k{int(r.value[1:]) % 17}".encode()  # type: ignore[attr-defined]
+    assert sorted(v for vs in by_partition.values() for v in vs) == list(range(600))
+    for vs in by_partition.values():
+        assert vs == sorted(vs)  # per-partition send order
+    offsets = {(m.partition, m.offset) for m in metas}
+    assert len(offsets) == 600
+
+
+async def test_retriable_errors_are_retried_and_leader_moves_followed(fake: FakeCluster) -> None:
+    tp = TopicPartition(TOPIC, 0)
+    fake.errors[tp].extend([ErrorCode.NOT_ENOUGH_REPLICAS, ErrorCode.REQUEST_TIMED_OUT])
+    async with Producer(fake.bootstrap, fast()) as producer:
+        first = await producer.send_and_wait(TOPIC, b"a", partition=0)
+        assert first.offset == 0
+        fake.move_leader(tp, 2 if fake.partitions[tp].leader == 1 else 1)
+        second = await producer.send_and_wait(TOPIC, b"b", partition=0)
+        assert second.offset == 1
+    assert [b[0] for b in fake.partitions[tp].batches] == [0, 1]
+
+
+async def test_broker_down_and_leader_moved(fake: FakeCluster) -> None:
+    tp = TopicPartition(TOPIC, 0)
+    fake.partitions[tp].leader = 1
+    async with Producer(fake.bootstrap, fast()) as producer:
+        await producer.send_and_wait(TOPIC, b"a", partition=0)
+        await fake.stop_broker(1)
+        fake.move_leader(tp, 2)
+        meta = await producer.send_and_wait(TOPIC, b"b", partition=0)
+    assert meta.offset == 1
+
+
+async def test_non_retriable_error_fails_with_a_typed_error(fake: FakeCluster) -> None:
+    fake.errors[TopicPartition(TOPIC, 1)].append(ErrorCode.MESSAGE_TOO_LARGE)
+    async with Producer(fake.bootstrap, fast()) as producer:
+        fut = await producer.send(TOPIC, b"x", partition=1)
+        with pytest.raises(MinibrokerError) as info:
+            await fut
+        assert info.value.code is ErrorCode.MESSAGE_TOO_LARGE and not info.value.retriable
+        assert (await producer.send_and_wait(TOPIC, b"y", partition=1)).offset == 0
+
+
+async def test_delivery_timeout_bounds_retries(fake: FakeCluster) -> None:
+    fake.errors[TopicPartition(TOPIC, 2)].extend([ErrorCode.NOT_ENOUGH_REPLICAS] * 1000)
+    async with Producer(fake.bootstrap, fast(delivery_timeout_ms=300)) as producer:
+        fut = await producer.send(TOPIC, b"x", partition=2)
+        with pytest.raises(DeliveryTimeoutError, match="NOT_ENOUGH_REPLICAS"):
+            await fut
+
+
+async def test_unknown_topic_and_partition_are_errors(fake: FakeCluster) -> None:
+    async with Producer(fake.bootstrap, fast(max_block_ms=200)) as producer:
+        with pytest.raises(MinibrokerError) as info:
+            await producer.send("nope", b"x")
+        assert info.value.code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        with pytest.raises(MinibrokerError, match="partition 9"):
+            await producer.send(TOPIC, b"x", partition=9)
+
+
+async def test_acks_zero_resolves_with_offset_minus_one(fake: FakeCluster) -> None:
+    async with Producer(fake.bootstrap, fast(acks=0)) as producer:
+        meta = await producer.send_and_wait(TOPIC, b"x", partition=0)
+    assert meta.offset == -1
+    assert fake.partitions[TopicPartition(TOPIC, 0)].log_end_offset == 1
+
+
+async def test_consumer_long_polls_and_never_returns_a_record_twice(fake: FakeCluster) -> None:
+    tp = TopicPartition(TOPIC, 0)
+    async with Consumer(fake.bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=2_000) as consumer, \
+            Producer(fake.bootstrap, fast()) as producer:
+        consumer.assign([tp])
+        assert await consumer.position(tp) == 0
+        poll = asyncio.create_task(consumer.poll(timeout_ms=5_000))
+        await asyncio.sleep(0.1)
+        await producer.send_and_wait(TOPIC, b"late", partition=0)
+        got = await poll
+        assert [r.value for r in got] == [b"late"]
+        for i in range(20):
+            await producer.send(TOPIC, str(i).encode(), partition=0)
+        await producer.flush()
+        seen = [r.offset for r in got]
+        fake.move_leader(tp, 2 if fake.partitions[tp].leader == 1 else 1)  # mid-stream leader change
+        while len(seen) < 21:
+            seen += [r.offset for r in await consumer.poll(timeout_ms=500, max_records=7)]
+        assert seen == list(range(21))
+        assert await consumer.poll(timeout_ms=100) == []
+        assert await consumer.position(tp) == 21
+
+
+async def test_consumer_stops_at_the_high_watermark_and_keeps_position_above_it(fake: FakeCluster) -> None:
+    tp = TopicPartition(TOPIC, 1)
+    async with Producer(fake.bootstrap, fast(linger_ms=0)) as producer:
+        for i in range(5):
+            await producer.send_and_wait(TOPIC, str(i).encode(), partition=1)
+    part = fake.partitions[tp]
+    part.hw_lag = 2  # records 3 and 4 are not committed yet
+    async with Consumer(fake.bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=50) as consumer:
+        consumer.assign([tp])
+        got = await consumer.poll(timeout_ms=500)
+        assert [r.offset for r in got] == [0, 1, 2]
+        consumer.seek(tp, 4)  # above the HW, below the LEO: OFFSET_OUT_OF_RANGE from the fake
+        assert await consumer.poll(timeout_ms=300) == []
+        assert await consumer.position(tp) == 4  # kept, not reset
+        part.hw_lag = 0
+        got = await consumer.poll(timeout_ms=2_000)
+        assert [r.offset for r in got] == [4]
+
+
+async def test_consumer_resets_when_the_position_fell_off_the_log(fake: FakeCluster) -> None:
+    tp = TopicPartition(TOPIC, 2)
+    async with Producer(fake.bootstrap, fast(linger_ms=0)) as producer:
+        for i in range(6):
+            await producer.send_and_wait(TOPIC, str(i).encode(), partition=2)
+    fake.partitions[tp].log_start_offset = 3  # retention deleted 0..2
+    async with Consumer(fake.bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=50) as consumer:
+        consumer.assign([tp])
+        consumer.seek(tp, 1)
+        got: list[int] = []
+        for _ in range(20):
+            got += [r.offset for r in await consumer.poll(timeout_ms=200)]
+            if len(got) >= 3:
+                break
+        assert got == [3, 4, 5]
+
+
+async def test_latest_reset_skips_existing_records(fake: FakeCluster) -> None:
+    tp = TopicPartition(TOPIC, 0)
+    async with Producer(fake.bootstrap, fast()) as producer:
+        await producer.send_and_wait(TOPIC, b"old", partition=0)
+        async with Consumer(fake.bootstrap, fetch_max_wait_ms=50) as consumer:
+            consumer.assign([tp])
+            assert await consumer.position(tp) == 1
+            await producer.send_and_wait(TOPIC, b"new", partition=0)
+            got = await consumer.poll(timeout_ms=2_000)
+    assert [r.value for r in got] == [b"new"]

@@ -1,0 +1,186 @@
+"""Pure parts of the client: partitioner, accumulator, positions, metadata, describe merge."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from client.accumulator import RecordAccumulator, record_size
+from client.admin import describe_document
+from client.fetch_state import ConsumerRecord, Positions
+from client.metadata import ClusterMetadata, merge_metadata, metadata_from_response, parse_bootstrap
+from client.partitioner import StickyPartitioner, murmur2, partition_for_key
+from common.wire import TopicPartition
+
+TP0 = TopicPartition("t", 0)
+TP1 = TopicPartition("t", 1)
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    (b"21", -973932308),
+    (b"foobar", -790332482),
+    (b"a-little-bit-long-string", -985981536),
+    (b"a-little-bit-longer-string", -1486304829),
+    (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971),
+    (b"abc", 479470107),
+])
+def test_murmur2_matches_kafka(data: bytes, expected: int) -> None:
+    assert murmur2(data) == expected
+
+
+def test_keyed_records_always_land_on_the_same_partition() -> None:
+    parts = {partition_for_key(f"key-{i}".encode(), 6) for i in range(200)}
+    assert parts == set(range(6))  # spreads
+    assert all(partition_for_key(b"user-42", 6) == partition_for_key(b"user-42", 6) for _ in range(3))
+
+
+def test_sticky_partitioner_moves_on_only_when_a_batch_closes() -> None:
+    p = StickyPartitioner()
+    first = p.partition("t", None, 3)
+    assert all(p.partition("t", None, 3) == first for _ in range(10))
+    p.on_new_batch("t", 3)
+    second = p.partition("t", None, 3)
+    assert second == (first + 1) % 3
+    assert p.partition("t", b"k", 3) == partition_for_key(b"k", 3)
+
+
+def acc(batch_size: int = 100, linger_ms: int = 10) -> RecordAccumulator:
+    return RecordAccumulator(batch_size=batch_size, linger_ms=linger_ms, delivery_timeout_ms=1_000)
+
+
+def test_batches_fill_to_batch_size_then_close() -> None:
+    a = acc(batch_size=3 * record_size(None, b"x" * 10))
+    batches = [a.append(TP0, None, b"x" * 10, 1, now_ms=0) for _ in range(4)]
+    assert [b[1] for b in batches] == [0, 1, 2, 0]  # index in batch
+    assert [b[2] for b in batches] == [True, False, False, True]  # opened a new batch
+    assert batches[0][0].closed and not batches[3][0].closed
+
+
+def test_ready_by_size_linger_or_flush() -> None:
+    a = acc(batch_size=1_000, linger_ms=10)
+    batch, _, _ = a.append(TP0, None, b"v", 1, now_ms=100)
+    assert not a.is_ready(batch, 105)
+    assert a.next_ready_ms(batch) == 110
+    assert a.is_ready(batch, 110)
+    a.flushing = True
+    assert a.is_ready(batch, 100)
+
+
+def test_drain_takes_ready_batches_in_order_within_the_byte_budget() -> None:
+    size = record_size(None, b"x" * 50)
+    a = acc(batch_size=size, linger_ms=0)
+    for i in range(5):
+        a.append(TP0, None, b"x" * 50, i, now_ms=0)
+    first = a.drain(TP0, max_bytes=2 * size, now_ms=0)
+    assert [b.records[0][2] for b in first] == [0, 1]
+    rest = a.drain(TP0, max_bytes=1, now_ms=0)  # always at least one batch
+    assert [b.records[0][2] for b in rest] == [2]
+    a.requeue(first, retry_at_ms=50)
+    assert a.drain(TP0, max_bytes=10_000, now_ms=10) == []  # backing off
+    again = a.drain(TP0, max_bytes=10_000, now_ms=60)
+    assert [b.records[0][2] for b in again] == [0, 1, 3, 4]
+
+
+def test_expired_batches_are_removed() -> None:
+    a = acc()
+    a.append(TP0, None, b"v", 1, now_ms=0)
+    a.append(TP1, None, b"v", 1, now_ms=500)
+    expired = a.expire(now_ms=1_000)
+    assert [b.tp for b in expired] == [TP0]
+    assert a.partitions() == [TP1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0, 1]), st.integers(1, 40), st.booleans()), min_size=1, max_size=60))
+def test_accumulator_keeps_partition_order_through_retries(ops: list[tuple[int, int, bool]]) -> None:
+    """Whatever drains and requeues happen, records of a partition come out in send order."""
+    a = acc(batch_size=60, linger_ms=0)
+    sent: dict[TopicPartition, list[int]] = {TP0: [], TP1: []}
+    delivered: dict[TopicPartition, list[int]] = {TP0: [], TP1: []}
+    for seq, (p, size, fail) in enumerate(ops):
+        tp = TopicPartition("t", p)
+        a.append(tp, None, b"x" * size, seq, now_ms=seq)
+        sent[tp].append(seq)
+        batches = a.drain(tp, max_bytes=100, now_ms=seq + 1000)
+        if fail:
+            a.requeue(batches, retry_at_ms=0)
+        else:
+            delivered[tp] += [r[2] for b in batches for r in b.records]
+    for tp in (TP0, TP1):
+        delivered[tp] += [r[2] for b in a.drain(tp, max_bytes=10**9, now_ms=10**9) for r in b.records]
+        assert delivered[tp] == sent[tp]
+
+
+def rec(offset: int) -> tuple[int, ConsumerRecord]:
+    return 0, ConsumerRecord("t", 0, offset, 0, None, str(offset).encode())
+
+
+def test_positions_skip_records_below_position_and_discard_moved_fetches() -> None:
+    pos = Positions()
+    pos.assign([TP0])
+    assert pos.needs_reset() == [TP0]
+    pos.seek(TP0, 5)
+    out = pos.accept(TP0, 5, [rec(3), rec(4), rec(5), rec(6)])
+    assert [r.offset for r in out] == [5, 6]
+    assert pos.get(TP0).offset == 7
+    assert pos.accept(TP0, 5, [rec(5), rec(6)]) == []  # stale response: position moved meanwhile
+    assert pos.accept(TP0, 7, [rec(5), rec(6)]) == []  # never twice
+    with pytest.raises(ValueError, match=">= 0"):
+        pos.seek(TP0, -3)
+    with pytest.raises(KeyError):
+        pos.get(TP1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 10)), max_size=30))
+def test_positions_never_return_an_offset_twice(fetches: list[tuple[int, int]]) -> None:
+    pos = Positions()
+    pos.assign([TP0])
+    pos.seek(TP0, 0)
+    seen: list[int] = []
+    for start, n in fetches:
+        current = pos.get(TP0).offset
+        assert current is not None
+        fetch_offset = current if start % 3 else start  # sometimes a stale fetch offset
+        seen += [r.offset for r in pos.accept(TP0, fetch_offset, [rec(o) for o in range(start, start + n)])]
+    assert len(seen) == len(set(seen))
+    assert seen == sorted(seen)
+
+
+def test_parse_bootstrap() -> None:
+    assert parse_bootstrap("a:1, b:2") == ["a:1", "b:2"]
+    for bad in ["", "host", "host:x", "host:70000", ":80"]:
+        with pytest.raises(ValueError):
+            parse_bootstrap(bad)
+
+
+META = {
+    "cluster_id": "c", "controller_id": 0,
+    "brokers": [{"node_id": 1, "host": "h", "port": 1}, {"node_id": 2, "host": "h", "port": 2}],
+    "topics": [{"topic": "t", "error": 0, "partitions": [
+        {"partition": 0, "error": 0, "leader": 1, "leader_epoch": 3, "replicas": [1, 2], "isr": [1, 2],
+         "offline_replicas": []},
+        {"partition": 1, "error": 0, "leader": -1, "leader_epoch": 4, "replicas": [2, 1], "isr": [2],
+         "offline_replicas": []}]}],
+}
+
+
+def test_metadata_from_response_and_merge() -> None:
+    md = metadata_from_response(META)
+    assert md.leader_address(TP0) == (1, "h:1")
+    assert md.leader_address(TP1) is None  # offline
+    assert md.partitions_for("t") == [0, 1]
+    other = ClusterMetadata(brokers={1: "h:1"}, partitions={TopicPartition("u", 0): md.partitions[TP0]})
+    merged = merge_metadata(other, md, ["t"])
+    assert TopicPartition("u", 0) in merged.partitions and TP0 in merged.partitions
+
+
+def test_describe_merges_controller_view_with_replica_status() -> None:
+    statuses = {1: {"partitions": [{"topic": "t", "partition": 0, "high_watermark": 7, "log_end_offset": 9,
+                                    "log_start_offset": 0}]}, 2: None}
+    doc = describe_document(META, statuses)
+    p0 = doc["topics"][0]["partitions"][0]
+    assert p0["leader"] == 1 and p0["leader_epoch"] == 3 and p0["isr"] == [1, 2]
+    assert p0["replica_states"][0] == {"broker": 1, "hw": 7, "leo": 9, "log_start_offset": 0, "reachable": True}
+    assert p0["replica_states"][1]["hw"] is None and p0["replica_states"][1]["reachable"] is False
