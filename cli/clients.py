@@ -84,9 +84,18 @@ def non_negative(name: str) -> Callable[[str], int]:
     return parse
 
 
+def configure_client_logging() -> None:
+    """Client logs go to stderr (stdout carries data), warnings and up unless MINIBROKER_LOG_LEVEL says."""
+    from common.logging import configure
+
+    configure("client", level=os.environ.get("MINIBROKER_LOG_LEVEL", "WARNING"))
+
+
 def run_client(coro: Coroutine[Any, Any, int]) -> int:
     """Run a client coroutine; wire errors and unreachable brokers become one readable line."""
     from common.errors import MinibrokerError
+
+    configure_client_logging()
 
     try:
         return asyncio.run(coro)
@@ -163,6 +172,7 @@ async def produce_main(args: argparse.Namespace, stdin: BinaryIO, out: TextIO) -
                 out.write(json.dumps({"value": text_of(value), "error": error_name(exc)}) + "\n")
 
     producer = Producer(bootstrap_of(args), config)
+    progress = asyncio.create_task(report_progress(counts, args.progress_interval_ms))
     try:
         await producer.start()
         await producer.partitions_for(args.topic)
@@ -175,6 +185,7 @@ async def produce_main(args: argparse.Namespace, stdin: BinaryIO, out: TextIO) -
         await producer.flush()
         await asyncio.sleep(0)  # let the last done-callbacks run
     finally:
+        progress.cancel()
         await producer.close()
         await asyncio.sleep(0)
         out.flush()
@@ -183,6 +194,16 @@ async def produce_main(args: argparse.Namespace, stdin: BinaryIO, out: TextIO) -
               + (f" (first error: {first_error[0]})" if first_error else ""), file=sys.stderr)
         return 1
     return 0
+
+
+async def report_progress(counts: dict[str, int], interval_ms: int) -> None:
+    """A progress line on stderr every ``interval_ms`` (0 = never) while producing."""
+    if interval_ms <= 0:
+        return
+    while True:
+        await asyncio.sleep(interval_ms / 1000)
+        print(f"minibroker: {counts['sent']} sent, {counts['acked']} acknowledged, {counts['failed']} failed",
+              file=sys.stderr, flush=True)
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
@@ -270,6 +291,8 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     p.add_argument("--delivery-timeout-ms", type=positive("--delivery-timeout-ms"), default=120_000)
     p.add_argument("--max-block-ms", type=non_negative("--max-block-ms"), default=10_000,
                    help="how long to wait for the topic's metadata (default 10000)")
+    p.add_argument("--progress-interval-ms", type=non_negative("--progress-interval-ms"), default=5_000,
+                   help="progress line on stderr this often (0 = never; default 5000)")
     p.set_defaults(func=cmd_produce)
 
     c = sub.add_parser("consume", help="print records of a topic",

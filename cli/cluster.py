@@ -68,6 +68,7 @@ class ClusterSpec:
     base_port: int
     members: tuple[Member, ...]
     settings: tuple[str, ...] = ()  # --set key=value passed to every broker
+    controller_settings: tuple[str, ...] = ()  # --controller-set key=value passed to the controller
 
     @property
     def controller(self) -> Member:
@@ -95,7 +96,7 @@ class ClusterSpec:
 
 
 def plan(data_dir: Path, brokers: int, base_port: int, host: str = DEFAULT_HOST,
-         settings: Sequence[str] = ()) -> ClusterSpec:
+         settings: Sequence[str] = (), controller_settings: Sequence[str] = ()) -> ClusterSpec:
     """The members of a cluster (pure)."""
     if brokers < 1:
         raise CliError(f"--brokers must be >= 1, got {brokers}")
@@ -107,7 +108,7 @@ def plan(data_dir: Path, brokers: int, base_port: int, host: str = DEFAULT_HOST,
     for i in range(1, brokers + 1):
         members.append(Member(f"broker-{i}", "broker", i, host, base_port + i, str(root / f"broker-{i}"),
                               str(root / f"broker-{i}.log")))
-    return ClusterSpec(str(root), host, base_port, tuple(members), tuple(settings))
+    return ClusterSpec(str(root), host, base_port, tuple(members), tuple(settings), tuple(controller_settings))
 
 
 def minibroker_argv(python: str = sys.executable) -> list[str]:
@@ -126,10 +127,13 @@ def command(spec: ClusterSpec, m: Member, python: str = sys.executable) -> list[
     """The argv that starts ``m`` (the same ``minibroker`` CLI, via this interpreter)."""
     base = minibroker_argv(python)
     if m.kind == "controller":
-        return [*base, "controller", "--listen", m.address, "--data-dir", m.data_dir]
-    argv = [*base, "broker", "--node-id", str(m.node_id), "--listen", m.address,
-            "--controller", spec.controller.address, "--data-dir", m.data_dir]
-    for item in spec.settings:
+        argv = [*base, "controller", "--listen", m.address, "--data-dir", m.data_dir]
+        settings = spec.controller_settings
+    else:
+        argv = [*base, "broker", "--node-id", str(m.node_id), "--listen", m.address,
+                "--controller", spec.controller.address, "--data-dir", m.data_dir]
+        settings = spec.settings
+    for item in settings:
         argv += ["--set", item]
     return argv
 
@@ -139,7 +143,8 @@ def command(spec: ClusterSpec, m: Member, python: str = sys.executable) -> list[
 def save(spec: ClusterSpec) -> None:
     path = Path(spec.data_dir) / CLUSTER_FILE
     doc = {"version": 1, "data_dir": spec.data_dir, "host": spec.host, "base_port": spec.base_port,
-           "settings": list(spec.settings), "controller": spec.controller.address, "bootstrap": spec.bootstrap,
+           "settings": list(spec.settings), "controller_settings": list(spec.controller_settings),
+           "controller": spec.controller.address, "bootstrap": spec.bootstrap,
            "members": [{**asdict(m), "address": m.address, "command": command(spec, m)} for m in spec.members]}
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
@@ -154,7 +159,7 @@ def load(data_dir: Path) -> ClusterSpec:
                                port=int(m["port"]), data_dir=m["data_dir"], log=m["log"], pid=m.get("pid"))
                         for m in doc["members"])
         return ClusterSpec(doc["data_dir"], doc["host"], int(doc["base_port"]), members,
-                           tuple(doc.get("settings") or ()))
+                           tuple(doc.get("settings") or ()), tuple(doc.get("controller_settings") or ()))
     except FileNotFoundError:
         raise CliError(f"no cluster in {data_dir} (no {CLUSTER_FILE}); start one with `minibroker cluster up`"
                        ) from None
@@ -168,6 +173,9 @@ def is_running(m: Member) -> bool:
     """True if ``m.pid`` is alive and still is this member (its cmdline names the member's data dir)."""
     if not m.pid:
         return False
+    child = _CHILDREN.get(m.pid)
+    if child is not None:  # started by this process: the handle knows (also right after fork, before exec)
+        return child.poll() is None
     try:
         cmdline = Path(f"/proc/{m.pid}/cmdline").read_bytes()
     except FileNotFoundError:
@@ -272,6 +280,7 @@ async def wait_registered(spec: ClusterSpec, timeout_s: float) -> None:
     wanted = {m.node_id for m in spec.brokers if m.node_id is not None}
     rpc = RpcClient()
     deadline = time.monotonic() + timeout_s
+    next_report = time.monotonic() + 5
     seen: set[int] = set()
     try:
         while True:
@@ -284,6 +293,9 @@ async def wait_registered(spec: ClusterSpec, timeout_s: float) -> None:
                 seen = await registered_brokers(spec.controller.address, rpc)
             if wanted <= seen:
                 return
+            if time.monotonic() >= next_report:
+                next_report += 5
+                print(f"waiting for brokers to register: {len(wanted & seen)}/{len(wanted)}", file=sys.stderr)
             if time.monotonic() >= deadline:
                 missing = ", ".join(str(b) for b in sorted(wanted - seen))
                 raise CliError(f"brokers {missing} did not register within {timeout_s:.0f}s; see logs in "
@@ -323,7 +335,8 @@ def _data_dir(args: argparse.Namespace) -> Path:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    spec = plan(_data_dir(args), args.brokers, args.base_port, settings=args.set or ())
+    spec = plan(_data_dir(args), args.brokers, args.base_port, settings=args.set or (),
+                controller_settings=args.controller_set or ())
     print(f"starting controller on {spec.controller.address} and {len(spec.brokers)} brokers "
           f"({spec.bootstrap}); data and logs in {spec.data_dir}", file=sys.stderr)
     spec = up(spec, args.timeout)
@@ -486,6 +499,7 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     q.add_argument("--detach", action="store_true", help="return once every broker is registered")
     q.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for registration (default 60)")
     q.add_argument("--set", action="append", metavar="KEY=VALUE", help="broker config for every broker")
+    q.add_argument("--controller-set", action="append", metavar="KEY=VALUE", help="controller config")
     q.set_defaults(func=cmd_up)
 
     q = cs.add_parser("status", help="members, pids, and whether they answer")

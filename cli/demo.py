@@ -25,6 +25,9 @@ from cli.main import CliError
 
 TOPIC = "demo"
 PARTITIONS = 3
+# Detect the killed broker in ~3 s instead of Kafka's default 9 s, so the demo does not sit idle.
+FAILOVER = ("broker.session.timeout.ms=3000", "broker.heartbeat.interval.ms=500")
+BROKER_SETTINGS = (*FAILOVER, "replica.lag.time.max.ms=5000")
 
 
 def say(text: str) -> None:
@@ -119,9 +122,12 @@ async def run_demo(spec: cluster.ClusterSpec, records: int) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     temp = args.data_dir is None
     data_dir = Path(tempfile.mkdtemp(prefix="minibroker-demo-")) if temp else Path(args.data_dir)
-    spec = cluster.plan(data_dir, 3, args.base_port)
+    spec = cluster.plan(data_dir, 3, args.base_port, settings=BROKER_SETTINGS, controller_settings=FAILOVER)
     say(f"starting a controller on {spec.controller.address} and 3 brokers ({spec.bootstrap}); "
         f"logs in {spec.data_dir}")
+    from cli.clients import configure_client_logging
+
+    configure_client_logging()
     spec = cluster.up(spec, timeout_s=60)
     say("all 3 brokers registered with the controller")
     try:

@@ -125,6 +125,9 @@ def test_pids_are_signalled_only_while_they_are_still_the_member(tmp_path: Path)
                            pid=proc.pid)
         other = cluster.Member("broker-2", "broker", 2, "127.0.0.1", 2, str(tmp_path / "elsewhere"),
                                str(tmp_path / "c.log"), pid=proc.pid)
+        deadline = time.monotonic() + 10
+        while not cluster.is_running(m) and time.monotonic() < deadline:
+            time.sleep(0.02)  # between fork and exec the cmdline is still pytest's
         assert cluster.is_running(m)
         assert not cluster.is_running(other)
         assert not cluster.send_signal(other, signal.SIGTERM)
@@ -163,3 +166,24 @@ def test_entry_point_prints_one_line_errors() -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.startswith("minibroker: error: no cluster in") and "Traceback" not in proc.stderr
+
+
+def test_perf_helpers() -> None:
+    from cli.perf import LatencyStats, Throttle, percentile
+
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 0.5) == 51 and percentile(values, 0.99) == 100 and percentile([], 0.5) == 0
+    throttle = Throttle(100, started_s=0.0)
+    assert throttle.delay_s(50, now_s=0.1) == pytest.approx(0.4)
+    assert throttle.delay_s(5, now_s=1.0) == 0
+    assert Throttle(-1, 0.0).delay_s(10**6, 0.0) == 0
+    out = io.StringIO()
+    stats = LatencyStats(0.0, 1.0, out)
+    for i in range(10):
+        stats.record(float(i), 100, now_s=0.1 * i)
+    stats.record(50.0, 100, now_s=1.5)  # closes a window
+    summary = stats.print_final(now_s=2.0)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("11 records sent") and "ms max latency." in lines[0]
+    assert lines[-1].startswith("11 records sent, 5.5 records/sec") and "99.9th." in lines[-1]
+    assert summary["max_latency_ms"] == 50.0
