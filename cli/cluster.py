@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -69,6 +70,7 @@ class ClusterSpec:
     members: tuple[Member, ...]
     settings: tuple[str, ...] = ()  # --set key=value passed to every broker
     controller_settings: tuple[str, ...] = ()  # --controller-set key=value passed to the controller
+    exec_argv: tuple[str, ...] = ()  # how to run `minibroker` (default: this interpreter's)
 
     @property
     def controller(self) -> Member:
@@ -96,7 +98,8 @@ class ClusterSpec:
 
 
 def plan(data_dir: Path, brokers: int, base_port: int, host: str = DEFAULT_HOST,
-         settings: Sequence[str] = (), controller_settings: Sequence[str] = ()) -> ClusterSpec:
+         settings: Sequence[str] = (), controller_settings: Sequence[str] = (),
+         exec_argv: Sequence[str] = ()) -> ClusterSpec:
     """The members of a cluster (pure)."""
     if brokers < 1:
         raise CliError(f"--brokers must be >= 1, got {brokers}")
@@ -108,7 +111,8 @@ def plan(data_dir: Path, brokers: int, base_port: int, host: str = DEFAULT_HOST,
     for i in range(1, brokers + 1):
         members.append(Member(f"broker-{i}", "broker", i, host, base_port + i, str(root / f"broker-{i}"),
                               str(root / f"broker-{i}.log")))
-    return ClusterSpec(str(root), host, base_port, tuple(members), tuple(settings), tuple(controller_settings))
+    return ClusterSpec(str(root), host, base_port, tuple(members), tuple(settings), tuple(controller_settings),
+                       tuple(exec_argv))
 
 
 def minibroker_argv(python: str = sys.executable) -> list[str]:
@@ -125,7 +129,7 @@ def minibroker_argv(python: str = sys.executable) -> list[str]:
 
 def command(spec: ClusterSpec, m: Member, python: str = sys.executable) -> list[str]:
     """The argv that starts ``m`` (the same ``minibroker`` CLI, via this interpreter)."""
-    base = minibroker_argv(python)
+    base = list(spec.exec_argv) or minibroker_argv(python)
     if m.kind == "controller":
         argv = [*base, "controller", "--listen", m.address, "--data-dir", m.data_dir]
         settings = spec.controller_settings
@@ -144,7 +148,7 @@ def save(spec: ClusterSpec) -> None:
     path = Path(spec.data_dir) / CLUSTER_FILE
     doc = {"version": 1, "data_dir": spec.data_dir, "host": spec.host, "base_port": spec.base_port,
            "settings": list(spec.settings), "controller_settings": list(spec.controller_settings),
-           "controller": spec.controller.address, "bootstrap": spec.bootstrap,
+           "exec": list(spec.exec_argv), "controller": spec.controller.address, "bootstrap": spec.bootstrap,
            "members": [{**asdict(m), "address": m.address, "command": command(spec, m)} for m in spec.members]}
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
@@ -159,7 +163,8 @@ def load(data_dir: Path) -> ClusterSpec:
                                port=int(m["port"]), data_dir=m["data_dir"], log=m["log"], pid=m.get("pid"))
                         for m in doc["members"])
         return ClusterSpec(doc["data_dir"], doc["host"], int(doc["base_port"]), members,
-                           tuple(doc.get("settings") or ()), tuple(doc.get("controller_settings") or ()))
+                           tuple(doc.get("settings") or ()), tuple(doc.get("controller_settings") or ()),
+                           tuple(doc.get("exec") or ()))
     except FileNotFoundError:
         raise CliError(f"no cluster in {data_dir} (no {CLUSTER_FILE}); start one with `minibroker cluster up`"
                        ) from None
@@ -308,12 +313,12 @@ async def wait_registered(spec: ClusterSpec, timeout_s: float) -> None:
 def up(spec: ClusterSpec, timeout_s: float) -> ClusterSpec:
     """Start every member and wait for registration; stops what it started if that fails."""
     Path(spec.data_dir).mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(CliError):
-        old = load(Path(spec.data_dir))
-        alive = [m.name for m in old.members if is_running(m)]
-        if alive:
-            raise CliError(f"a cluster is already running in {spec.data_dir} ({', '.join(alive)}); "
-                           f"`minibroker cluster down --data-dir {spec.data_dir}` first")
+    alive: list[str] = []
+    if (Path(spec.data_dir) / CLUSTER_FILE).exists():
+        alive = [m.name for m in load(Path(spec.data_dir)).members if is_running(m)]
+    if alive:
+        raise CliError(f"a cluster is already running in {spec.data_dir} ({', '.join(alive)}); "
+                       f"`minibroker cluster down --data-dir {spec.data_dir}` first")
     for m in spec.members:
         if not port_free(m.host, m.port):
             raise CliError(f"port {m.port} ({m.name}) is already in use; pick another --base-port")
@@ -336,7 +341,8 @@ def _data_dir(args: argparse.Namespace) -> Path:
 
 def cmd_up(args: argparse.Namespace) -> int:
     spec = plan(_data_dir(args), args.brokers, args.base_port, settings=args.set or (),
-                controller_settings=args.controller_set or ())
+                controller_settings=args.controller_set or (),
+                exec_argv=shlex.split(args.exec) if args.exec else ())
     print(f"starting controller on {spec.controller.address} and {len(spec.brokers)} brokers "
           f"({spec.bootstrap}); data and logs in {spec.data_dir}", file=sys.stderr)
     spec = up(spec, args.timeout)
@@ -500,6 +506,8 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     q.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for registration (default 60)")
     q.add_argument("--set", action="append", metavar="KEY=VALUE", help="broker config for every broker")
     q.add_argument("--controller-set", action="append", metavar="KEY=VALUE", help="controller config")
+    q.add_argument("--exec", default=None, metavar="COMMAND",
+                   help="command that runs minibroker for the members (default: this installation's)")
     q.set_defaults(func=cmd_up)
 
     q = cs.add_parser("status", help="members, pids, and whether they answer")
