@@ -14,7 +14,7 @@ batch of a partition into the same request.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,9 +58,11 @@ class RecordAccumulator:
         self.buffered_bytes = 0
 
     def append(self, tp: TopicPartition, key: bytes | None, value: bytes | None, timestamp_ms: int,
-               now_ms: int) -> tuple[ProducerBatch, int, bool]:
-        """Add a record; returns (batch, index in batch, whether a new batch was opened)."""
-        size = record_size(key, value)
+               now_ms: int | Callable[[], int]) -> tuple[ProducerBatch, int, bool]:
+        """Add a record; returns (batch, index in batch, whether a new batch was opened).
+
+        ``now_ms`` (monotonic) may be a clock function: it is only read when a batch is opened."""
+        size = RECORD_OVERHEAD_BYTES + (len(key) if key else 0) + (len(value) if value else 0)  # record_size
         queue = self._queues.get(tp)
         if queue is None:
             queue = self._queues[tp] = deque()
@@ -69,7 +71,8 @@ class RecordAccumulator:
         if batch is None or batch.closed or (batch.records and batch.size_bytes + size > self.batch_size):
             if batch is not None:
                 batch.closed = True
-            batch = ProducerBatch(tp=tp, created_ms=now_ms, deadline_ms=now_ms + self.delivery_timeout_ms)
+            now = now_ms() if callable(now_ms) else now_ms
+            batch = ProducerBatch(tp=tp, created_ms=now, deadline_ms=now + self.delivery_timeout_ms)
             queue.append(batch)
             new_batch = True
         batch.records.append((key, value, timestamp_ms))

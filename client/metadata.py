@@ -59,6 +59,15 @@ class ClusterMetadata:
     topic_errors: Mapping[str, int] = field(default_factory=dict)
     controller_id: int = -1
     cluster_id: str | None = None
+    partition_counts: Mapping[str, int] = field(default_factory=dict)  # derived from partitions
+
+    @classmethod
+    def build(cls, brokers: Mapping[int, str], partitions: Mapping[TopicPartition, PartitionInfo],
+              topic_errors: Mapping[str, int], controller_id: int, cluster_id: str | None) -> ClusterMetadata:
+        counts: dict[str, int] = {}
+        for tp in partitions:
+            counts[tp.topic] = counts.get(tp.topic, 0) + 1
+        return cls(brokers, partitions, topic_errors, controller_id, cluster_id, counts)
 
     def partitions_for(self, topic: str) -> list[int]:
         return sorted(tp.partition for tp in self.partitions if tp.topic == topic)
@@ -85,9 +94,8 @@ def metadata_from_response(resp: Mapping[str, Any]) -> ClusterMetadata:
                 leader_epoch=int(p.get("leader_epoch", -1)),
                 replicas=tuple(int(r) for r in p.get("replicas") or ()),
                 isr=tuple(int(r) for r in p.get("isr") or ()), error=int(p.get("error", 0)))
-    return ClusterMetadata(brokers=brokers, partitions=partitions, topic_errors=topic_errors,
-                           controller_id=int(resp.get("controller_id", -1)),
-                           cluster_id=resp.get("cluster_id"))
+    return ClusterMetadata.build(brokers, partitions, topic_errors, int(resp.get("controller_id", -1)),
+                                 resp.get("cluster_id"))
 
 
 def merge_metadata(old: ClusterMetadata, new: ClusterMetadata, topics: Iterable[str] | None) -> ClusterMetadata:
@@ -99,9 +107,8 @@ def merge_metadata(old: ClusterMetadata, new: ClusterMetadata, topics: Iterable[
     partitions.update(new.partitions)
     topic_errors = {t: e for t, e in old.topic_errors.items() if t not in wanted}
     topic_errors.update(new.topic_errors)
-    return ClusterMetadata(brokers=new.brokers or old.brokers, partitions=partitions,
-                           topic_errors=topic_errors, controller_id=new.controller_id,
-                           cluster_id=new.cluster_id or old.cluster_id)
+    return ClusterMetadata.build(new.brokers or old.brokers, partitions, topic_errors, new.controller_id,
+                                 new.cluster_id or old.cluster_id)
 
 
 class MetadataCache:

@@ -177,26 +177,23 @@ class Producer:
 
     # -- the user side ---------------------------------------------------------------------------
 
-    async def send(self, topic: str, value: bytes | None, *, key: bytes | None = None,
-                   partition: int | None = None, timestamp_ms: int | None = None) -> DeliveryFuture:
-        """Queue one record; returns its DeliveryFuture. Raises for an unknown topic or partition."""
+    def send_nowait(self, topic: str, value: bytes | None, *, key: bytes | None = None,
+                    partition: int | None = None, timestamp_ms: int | None = None) -> DeliveryFuture | None:
+        """Queue one record without waiting; None when that would block (topic metadata not known yet,
+        or ``buffer.memory`` full): then use ``send``. Raises for a partition the topic does not have."""
         if self._closed:
             raise ProducerClosedError("producer is closed")
-        if self._sender is None:
-            await self.start()
-        num_partitions = await self._num_partitions(topic)
+        num_partitions = self.metadata.current.partition_counts.get(topic)
+        if num_partitions is None or self._acc.buffered_bytes >= self.config.buffer_memory or self._sender is None:
+            return None
         if partition is None:
             partition = self._partitioner.partition(topic, key, num_partitions)
         elif not 0 <= partition < num_partitions:
             raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                             f"partition {partition} of {topic!r} does not exist ({num_partitions} partitions)")
-        while self._acc.buffered_bytes >= self.config.buffer_memory:
-            self._space.clear()
-            self._wake.set()
-            await self._space.wait()
-        now = self._clock.monotonic_ms()
         ts = self._clock.now_ms() if timestamp_ms is None else timestamp_ms
-        batch, index, new_batch = self._acc.append(TopicPartition(topic, partition), key, value, ts, now)
+        batch, index, new_batch = self._acc.append(TopicPartition(topic, partition), key, value, ts,
+                                                   self._clock.monotonic_ms)
         if new_batch:
             batch.completion = asyncio.get_running_loop().create_future()
             self._pending.add(batch.completion)
@@ -208,6 +205,26 @@ class Producer:
             self._wake.set()
         return DeliveryFuture(batch, index)
 
+    async def send(self, topic: str, value: bytes | None, *, key: bytes | None = None,
+                   partition: int | None = None, timestamp_ms: int | None = None) -> DeliveryFuture:
+        """Queue one record; returns its DeliveryFuture. Waits up to ``max.block.ms`` for the topic's
+        metadata and for room in ``buffer.memory``. Raises for an unknown topic or partition."""
+        fut = self.send_nowait(topic, value, key=key, partition=partition, timestamp_ms=timestamp_ms)
+        while fut is None:
+            if self._sender is None:
+                await self.start()
+            await self._num_partitions(topic)
+            while self._acc.buffered_bytes >= self.config.buffer_memory and not self._closed:
+                self._space.clear()
+                self._wake.set()
+                await self._space.wait()
+            fut = self.send_nowait(topic, value, key=key, partition=partition, timestamp_ms=timestamp_ms)
+        if fut.index == 0:
+            # a batch was opened (the previous one is full or sent): let the sender and answers run, as
+            # Kafka's sender thread would meanwhile
+            await asyncio.sleep(0)
+        return fut
+
     async def send_and_wait(self, topic: str, value: bytes | None, **kw: Any) -> RecordMetadata:
         return await (await self.send(topic, value, **kw))
 
@@ -216,9 +233,9 @@ class Producer:
         return self.metadata.current.partitions_for(topic)
 
     async def _num_partitions(self, topic: str) -> int:
-        parts = self.metadata.current.partitions_for(topic)
-        if parts:
-            return len(parts)
+        count = self.metadata.current.partition_counts.get(topic)
+        if count:
+            return count
         parts = await self.metadata.wait_for_topic(topic, self.config.max_block_ms)
         return len(parts)
 
@@ -316,7 +333,9 @@ class Producer:
         return next_ms
 
     def _send_to(self, address: str, tps: list[TopicPartition], now: int) -> None:
-        budget = self.config.max_request_size
+        # batch sizes are estimates; keep 10% for batch headers and framing so the body stays under
+        # max.request.size (servers such as aiohttp refuse bodies over 1 MiB by default)
+        budget = self.config.max_request_size * 9 // 10
         drained: dict[TopicPartition, list[ProducerBatch]] = {}
         for tp in tps:
             batches = self._acc.drain(tp, budget, now)

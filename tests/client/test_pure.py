@@ -171,9 +171,10 @@ def test_metadata_from_response_and_merge() -> None:
     assert md.leader_address(TP0) == (1, "h:1")
     assert md.leader_address(TP1) is None  # offline
     assert md.partitions_for("t") == [0, 1]
-    other = ClusterMetadata(brokers={1: "h:1"}, partitions={TopicPartition("u", 0): md.partitions[TP0]})
+    other = ClusterMetadata.build({1: "h:1"}, {TopicPartition("u", 0): md.partitions[TP0]}, {}, -1, None)
     merged = merge_metadata(other, md, ["t"])
     assert TopicPartition("u", 0) in merged.partitions and TP0 in merged.partitions
+    assert merged.partition_counts == {"u": 1, "t": 2}
 
 
 def test_describe_merges_controller_view_with_replica_status() -> None:
