@@ -346,16 +346,19 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"starting controller on {spec.controller.address} and {len(spec.brokers)} brokers "
           f"({spec.bootstrap}); data and logs in {spec.data_dir}", file=sys.stderr)
     spec = up(spec, args.timeout)
-    print(f"cluster up: controller {spec.controller.address}, bootstrap {spec.bootstrap}", file=sys.stderr)
-    if args.detach:
-        print(f"export MINIBROKER_BOOTSTRAP={spec.bootstrap} MINIBROKER_CONTROLLER={spec.controller.address}")
+    try:
+        print(f"cluster up: controller {spec.controller.address}, bootstrap {spec.bootstrap}", file=sys.stderr)
+        if args.detach:
+            print(f"export MINIBROKER_BOOTSTRAP={spec.bootstrap} MINIBROKER_CONTROLLER={spec.controller.address}")
+            return 0
+        return _foreground(spec)
+    except KeyboardInterrupt:  # before _foreground took over: still stop what we started
+        stop_members(list(reversed(spec.members)))
         return 0
-    return _foreground(spec)
 
 
 def _foreground(spec: ClusterSpec) -> int:
     """Stream every member's log, prefixed by its name, until Ctrl-C (or SIGTERM); then stop everything."""
-    print("streaming logs; Ctrl-C stops the cluster", file=sys.stderr)
     stop = False
 
     def on_term(_sig: int, _frame: Any) -> None:
@@ -363,10 +366,12 @@ def _foreground(spec: ClusterSpec) -> int:
         stop = True
 
     previous = signal.signal(signal.SIGTERM, on_term)
-    files = {m.name: open(m.log, "rb") for m in spec.members}  # noqa: SIM115 - closed in finally
+    files: dict[str, Any] = {}
     try:
-        for f in files.values():
-            f.seek(0, os.SEEK_END)
+        for m in spec.members:
+            files[m.name] = open(m.log, "rb")  # noqa: SIM115 - closed in finally
+            files[m.name].seek(0, os.SEEK_END)
+        print("streaming logs; Ctrl-C stops the cluster", file=sys.stderr, flush=True)
         while not stop:
             quiet = True
             for name, f in files.items():
