@@ -75,6 +75,7 @@ class _FetchResult:
     offsets: dict[TopicPartition, int]  # fetch offset per partition sent
     response: dict[str, Any] | None
     error: str | None = None
+    fatal: BaseException | None = None  # raised from poll after bookkeeping
 
 
 def decode_fetched(tp: TopicPartition, data: bytes,
@@ -274,7 +275,7 @@ class Consumer:
             resp = await self._rpc.call(address, "fetch", body,
                                         timeout_s=(max_wait_ms + self.config.request_timeout_ms) / 1000)
         except RpcBadRequest as exc:
-            raise error_for(ErrorCode.INVALID_REQUEST, str(exc)) from exc
+            return _FetchResult(address, offsets, None, str(exc), error_for(ErrorCode.INVALID_REQUEST, str(exc)))
         except RpcError as exc:
             return _FetchResult(address, offsets, None, str(exc))
         return _FetchResult(address, offsets, resp)
@@ -282,6 +283,8 @@ class Consumer:
     def _handle(self, result: _FetchResult) -> None:
         self._in_flight.pop(result.address, None)
         self._fetching.difference_update(result.offsets)
+        if result.fatal is not None:
+            raise result.fatal
         if result.address == "__metadata__":
             return
         if result.response is None:
