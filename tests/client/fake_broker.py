@@ -204,3 +204,23 @@ class FakeCluster:
                               "leader_epoch": -1})
             topics.append({"topic": t["topic"], "partitions": parts})
         return {"topics": topics}
+
+
+async def _serve_forever(topic: str, partitions: int) -> None:
+    cluster = FakeCluster()
+    await cluster.start(1)
+    cluster.create_topic(topic, partitions)
+    print(cluster.bootstrap, flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await cluster.close()
+
+
+if __name__ == "__main__":
+    # For client benchmarks: `python -m tests.client.fake_broker [TOPIC] [PARTITIONS]` prints its address.
+    import sys
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve_forever(sys.argv[1] if len(sys.argv) > 1 else "perf",
+                                   int(sys.argv[2]) if len(sys.argv) > 2 else 3))
