@@ -189,3 +189,26 @@ async def test_latest_reset_skips_existing_records(fake: FakeCluster) -> None:
             await producer.send_and_wait(TOPIC, b"new", partition=0)
             got = await consumer.poll(timeout_ms=2_000)
     assert [r.value for r in got] == [b"new"]
+
+
+async def test_buffer_memory_bounds_queued_records_and_send_waits_for_room(fake: FakeCluster) -> None:
+    tp = TopicPartition(TOPIC, 0)
+    fake.errors[tp].extend([ErrorCode.NOT_ENOUGH_REPLICAS] * 5)  # the first attempts fail and back off
+    config = fast(buffer_memory=4_000, batch_size=1_000, linger_ms=0)
+    async with Producer(fake.bootstrap, config) as producer:
+        futures = [await producer.send(TOPIC, b"x" * 90, partition=0) for _ in range(300)]
+        assert producer._acc.buffered_bytes <= 4_000 + 1_000  # the bound under test
+        offsets = [(await f).offset for f in futures]
+    assert offsets == list(range(300))
+
+
+async def test_concurrent_senders_all_delivered(fake: FakeCluster) -> None:
+    async with Producer(fake.bootstrap, fast()) as producer:
+        async def sender(n: int) -> list[int]:
+            futs = [await producer.send(TOPIC, f"{n}-{i}".encode(), key=str(n).encode()) for i in range(100)]
+            return [(await f).offset for f in futs]
+
+        results = await asyncio.gather(*(sender(n) for n in range(8)))
+    for offsets in results:
+        assert offsets == sorted(offsets) and len(set(offsets)) == 100  # one key: one partition, in order
+    assert sum(p.log_end_offset for p in fake.partitions.values()) == 800
