@@ -67,3 +67,13 @@ class FollowerPartitions(Protocol):
     def on_follower_truncated(self, tp: TopicPartition, offset: int, reason: str) -> None:
         """After a truncation: HW is clamped to the new LEO; logged as ``log_truncated``."""
         ...
+
+
+class FollowerHighWatermarks(Protocol):
+    """Optional (added by the fetcher): the local HW, used only when the leader has no epoch for ours.
+
+    A ``FollowerPartitions`` that also has this method lets the fetcher apply Kafka's
+    truncate-to-HW fallback; without it the fetcher uses the HW it last learned from the leader.
+    """
+
+    def follower_high_watermark(self, tp: TopicPartition) -> int | None: ...
