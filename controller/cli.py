@@ -1,10 +1,81 @@
-"""Subcommands contributed by this package (see ``cli.main``)."""
+"""``minibroker controller --listen HOST:PORT --data-dir DIR [--set key=value ...]``.
+
+Replays the journal and bumps the controller epoch (app startup), then listens;
+once bound it writes ``<data-dir>/endpoint`` (temp file + rename) and
+``<data-dir>/pid``. SIGTERM or SIGINT stops it gracefully with status 0.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
+import signal
+from pathlib import Path
 from typing import Any
 
 
 def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAction[Any]) -> None:
-    """No subcommands yet."""
+    p = sub.add_parser("controller", help="run the controller",
+                       description="Run the controller: broker registry, topics, elections, ISR, metadata.")
+    p.add_argument("--listen", required=True, metavar="HOST:PORT", help="address to bind (port 0 = any free)")
+    p.add_argument("--data-dir", required=True, metavar="DIR", help="journal and snapshot directory")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                   help="controller config (see common.config.CONTROLLER_CONFIGS)")
+    p.set_defaults(func=run)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        from cli.main import CliError
+
+        raise CliError(f"--listen: expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def run(args: argparse.Namespace) -> int:
+    from common.config import controller_config, parse_assignments
+    from common.logging import configure
+
+    host, port = parse_listen(args.listen)
+    config = controller_config(parse_assignments(args.settings))
+    data_dir = Path(args.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    configure("controller", "controller")
+    return asyncio.run(serve(host, port, data_dir, config))
+
+
+async def serve(host: str, port: int, data_dir: Path, config: Any) -> int:
+    from aiohttp import web
+
+    from common.clock import SystemClock
+    from common.logging import get_logger
+    from controller.controller import Controller
+    from controller.server import make_app
+
+    log = get_logger("controller.cli")
+    controller = Controller(data_dir, config, SystemClock())
+    runner = web.AppRunner(make_app(controller), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = runner.addresses[0]
+    address = f"{host}:{bound[1]}"
+    write_atomically(data_dir / "endpoint", address)
+    write_atomically(data_dir / "pid", str(os.getpid()))
+    log.info("controller_listening", address=address, controller_epoch=controller.image.controller_epoch)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("controller_stopping")
+    await runner.cleanup()
+    return 0

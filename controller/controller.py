@@ -1,0 +1,346 @@
+"""The controller shell: journal, liveness, timers, metrics and propagation around the pure ops.
+
+Every change follows one path (``_commit``): the pure op plans records, the
+records are written to the journal and fsynced, applied to the image, logged,
+counted, and only then answered and propagated. A single lock serialises
+changes, so the image seen by an op is the one its records apply to.
+
+Liveness (KRaft): ``last_heard`` per unfenced broker on the monotonic clock.
+After a restart every unfenced broker counts as alive until its session
+timeout, so leaders keep serving while brokers heartbeat the new controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from common.clock import Clock
+from common.config import Config
+from common.errors import ErrorCode
+from common.logging import get_logger
+from common.wire import TopicPartition
+from controller import ops
+from controller.journal import Journal
+from controller.propagator import Propagator, Transport
+from controller.rules import ElectionReason, expired_brokers
+from controller.state import NO_LEADER, ControllerEpochRecord, MetadataImage, RemoveTopicRecord
+
+log = get_logger("controller")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.active = Gauge("minibroker_controller_active", "1 while this process is the active controller",
+                            registry=self.registry)
+        self.epoch = Gauge("minibroker_controller_epoch", "controller epoch", registry=self.registry)
+        self.offline = Gauge("minibroker_controller_offline_partitions", "partitions without a leader",
+                             registry=self.registry)
+        self.fenced = Gauge("minibroker_controller_fenced_brokers", "registered brokers that are fenced",
+                            registry=self.registry)
+        self.live = Gauge("minibroker_controller_live_brokers", "registered unfenced brokers",
+                          registry=self.registry)
+        self.elections = Counter("minibroker_controller_elections", "leader elections by reason", ["reason"],
+                                 registry=self.registry)
+        self.isr_changes = Counter("minibroker_controller_isr_changes", "ISR changes committed",
+                                   registry=self.registry)
+        self.journal_records = Counter("minibroker_controller_journal_records", "records committed",
+                                       registry=self.registry)
+
+
+class Controller:
+    def __init__(self, data_dir: Path, config: Config, clock: Clock, *, rng: random.Random | None = None,
+                 transport: Transport | None = None) -> None:
+        self.data_dir = data_dir
+        self.config = config
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.image = MetadataImage()
+        self.metrics = Metrics()
+        self.propagator = Propagator(lambda: self.image, transport)
+        self.last_heard: dict[int, int] = {}  # unfenced brokers -> monotonic ms of last heartbeat
+        self.shutting_down: set[int] = set()
+        self._journal: Journal | None = None
+        self._lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- configuration shortcuts ---
+
+    @property
+    def session_timeout_ms(self) -> int:
+        return self.config.get_int("broker.session.timeout.ms")
+
+    @property
+    def heartbeat_interval_ms(self) -> int:
+        return self.config.get_int("broker.heartbeat.interval.ms")
+
+    @property
+    def unclean_default(self) -> bool:
+        return self.config.get_bool("unclean.leader.election.enable")
+
+    def live(self) -> set[int]:
+        """Brokers that may lead or join an ISR: registered, unfenced, not shutting down."""
+        return {b for b, reg in self.image.brokers.items() if not reg.fenced and b not in self.shutting_down}
+
+    # --- lifecycle ---
+
+    async def start(self) -> None:
+        """Replay, bump controller_epoch durably, then act."""
+        journal, self.image = await asyncio.to_thread(Journal.open, self.data_dir)
+        self._journal = journal
+        if journal.truncated_bytes:
+            log.warning("journal_torn_tail_truncated", bytes=journal.truncated_bytes)
+        await self._commit(ops.Plan([ControllerEpochRecord(self.image.controller_epoch + 1)]))
+        now = self.clock.monotonic_ms()
+        self.last_heard = {b: now for b in self.image.unfenced()}
+        self.metrics.active.set(1)
+        log.info("controller_started", controller_epoch=self.image.controller_epoch,
+                 brokers=len(self.image.brokers), topics=len(self.image.topics),
+                 partitions=len(self.image.partitions), journal_offset=journal.offset)
+        for b in self.image.unfenced():
+            self.propagator.full_sync(b)
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._liveness_loop(), name="liveness"))
+        self._tasks.append(loop.create_task(self._rebalance_loop(), name="rebalance"))
+
+    async def close(self) -> None:
+        self.metrics.active.set(0)
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        await self.propagator.close()
+        if self._journal is not None:
+            self._journal.close()
+
+    # --- the one path for changes ---
+
+    async def _commit(self, plan: ops.Plan) -> None:
+        """Journal (fsync), apply, log, count, propagate. Caller holds the lock (or is start())."""
+        if not plan.records:
+            return
+        journal = self._journal
+        assert journal is not None, "controller not started"
+        old_image_topics = set(self.image.topics)
+        old_partitions = dict(self.image.partitions)
+        await asyncio.to_thread(journal.append, plan.records)
+        for rec in plan.records:
+            self.image.apply(rec)
+        self.metrics.journal_records.inc(len(plan.records))
+        self._log_changes(plan)
+        self._update_gauges()
+        self._propagate(plan, old_image_topics, old_partitions)
+        interval = self.config.get_int("metadata.snapshot.interval.records")
+        if journal.records_since_snapshot >= interval:
+            await asyncio.to_thread(journal.snapshot, self.image)
+            log.info("metadata_snapshot_written", journal_offset=journal.offset)
+
+    def _log_changes(self, plan: ops.Plan) -> None:
+        for c in plan.changes:
+            fields = {"topic": c.tp.topic, "partition": c.tp.partition, "leader": c.new.leader,
+                      "leader_epoch": c.new.leader_epoch, "partition_epoch": c.new.partition_epoch,
+                      "isr": list(c.new.isr)}
+            if c.leader_changed:
+                self.metrics.elections.labels(reason=c.reason.value).inc()
+                if c.new.leader == NO_LEADER:
+                    log.warning("partition_offline", **fields)
+                elif c.reason is ElectionReason.UNCLEAN:
+                    log.warning("leader_elected", reason=c.reason.value, unclean=True, **fields)
+                else:
+                    log.info("leader_elected", reason=c.reason.value, **fields)
+            if c.old is not None and c.isr_changed:
+                self.metrics.isr_changes.inc()
+                log.info("isr_changed", reason=c.reason.value, old_isr=list(c.old.isr), **fields)
+
+    def _update_gauges(self) -> None:
+        self.metrics.epoch.set(self.image.controller_epoch)
+        self.metrics.offline.set(sum(1 for st in self.image.partitions.values() if st.leader == NO_LEADER))
+        self.metrics.fenced.set(sum(1 for reg in self.image.brokers.values() if reg.fenced))
+        self.metrics.live.set(sum(1 for reg in self.image.brokers.values() if not reg.fenced))
+
+    def _propagate(self, plan: ops.Plan, old_topics: set[str],
+                   old_partitions: dict[TopicPartition, Any]) -> None:
+        """LeaderAndIsr to the replicas of partitions whose leader epoch moved; UpdateMetadata to all."""
+        lai: dict[int, list[TopicPartition]] = {}
+        new_tps: set[TopicPartition] = set()
+        for c in plan.changes:
+            if c.old is not None and c.old.leader_epoch == c.new.leader_epoch:
+                continue  # an ISR change the leader asked for: UpdateMetadata only (Kafka)
+            if c.old is None:
+                new_tps.add(c.tp)
+            for r in c.new.replicas:
+                lai.setdefault(r, []).append(c.tp)
+        deleted = [r.name for r in plan.records if isinstance(r, RemoveTopicRecord) and r.name in old_topics]
+        stops: dict[int, dict[TopicPartition, int]] = {}
+        for tp, st in old_partitions.items():
+            if tp.topic in deleted:
+                for r in st.replicas:
+                    stops.setdefault(r, {})[tp] = st.leader_epoch
+        for b in self.image.unfenced():
+            mine = lai.get(b, [])
+            self.propagator.enqueue(b, partitions=[tp for tp in mine if tp not in new_tps], metadata=True,
+                                    stop=stops.get(b), deleted_topics=deleted)
+            fresh = [tp for tp in mine if tp in new_tps]
+            if fresh:
+                self.propagator.enqueue(b, partitions=fresh, new=True)
+
+    # --- broker lifecycle ---
+
+    async def register_broker(self, node_id: int, host: str, port: int, incarnation_id: str) -> int:
+        async with self._lock:
+            plan, epoch = ops.register_broker(self.image, node_id, host, port, incarnation_id, self.live(),
+                                              unclean_default=self.unclean_default)
+            await self._commit(plan)
+            self.shutting_down.discard(node_id)
+            self.last_heard[node_id] = self.clock.monotonic_ms()
+        log.info("broker_registered", broker_id=node_id, broker_epoch=epoch, host=host, port=port,
+                 incarnation_id=incarnation_id)
+        self.propagator.full_sync(node_id)
+        return epoch
+
+    async def heartbeat(self, node_id: int, broker_epoch: int, want_shutdown: bool) -> dict[str, Any]:
+        async with self._lock:
+            reg = self.image.brokers.get(node_id)
+            if reg is None:
+                return self._hb(ErrorCode.BROKER_ID_NOT_REGISTERED, fenced=True, shutdown=False)
+            if reg.broker_epoch != broker_epoch:
+                return self._hb(ErrorCode.STALE_BROKER_EPOCH, fenced=reg.fenced, shutdown=False)
+            self.last_heard[node_id] = self.clock.monotonic_ms()
+            if want_shutdown:
+                return await self._shutdown_heartbeat(node_id)
+            if reg.fenced and node_id not in self.shutting_down:
+                plan = ops.unfence_broker(self.image, node_id, self.live(), unclean_default=self.unclean_default)
+                await self._commit(plan)
+                log.info("broker_unfenced", broker_id=node_id, broker_epoch=broker_epoch)
+                self.propagator.full_sync(node_id)
+            return self._hb(ErrorCode.NONE, fenced=self.image.brokers[node_id].fenced, shutdown=False)
+
+    async def _shutdown_heartbeat(self, node_id: int) -> dict[str, Any]:
+        remaining = await self._move_leaders_off(node_id)
+        if remaining:
+            return self._hb(ErrorCode.NONE, fenced=False, shutdown=False)
+        # nothing left to lead: fence it now instead of waiting for the session timeout (KRaft)
+        await self._fence(node_id, reason="controlled_shutdown")
+        return self._hb(ErrorCode.NONE, fenced=True, shutdown=True)
+
+    def _hb(self, error: ErrorCode, *, fenced: bool, shutdown: bool) -> dict[str, Any]:
+        return {"error": int(error), "is_fenced": fenced, "should_shutdown": shutdown,
+                "heartbeat_interval_ms": self.heartbeat_interval_ms}
+
+    async def controlled_shutdown(self, node_id: int, broker_epoch: int) -> tuple[ErrorCode, list[TopicPartition]]:
+        async with self._lock:
+            reg = self.image.brokers.get(node_id)
+            if reg is None:
+                return ErrorCode.BROKER_ID_NOT_REGISTERED, []
+            if reg.broker_epoch != broker_epoch:
+                return ErrorCode.STALE_BROKER_EPOCH, []
+            remaining = await self._move_leaders_off(node_id)
+        return ErrorCode.NONE, remaining
+
+    async def _move_leaders_off(self, node_id: int) -> list[TopicPartition]:
+        if node_id not in self.shutting_down:
+            log.info("broker_controlled_shutdown", broker_id=node_id)
+        self.shutting_down.add(node_id)
+        plan, remaining = ops.controlled_shutdown(self.image, node_id, self.live(),
+                                                  unclean_default=self.unclean_default)
+        await self._commit(plan)
+        return remaining
+
+    async def _fence(self, node_id: int, *, reason: str) -> None:
+        reg = self.image.brokers.get(node_id)
+        if reg is None or reg.fenced:
+            return
+        plan = ops.fence_broker(self.image, node_id, self.live() - {node_id}, unclean_default=self.unclean_default)
+        await self._commit(plan)
+        self.last_heard.pop(node_id, None)
+        self.propagator.drop(node_id)
+        log.warning("broker_fenced", broker_id=node_id, broker_epoch=reg.broker_epoch, reason=reason,
+                    partitions_changed=len(plan.changes))
+
+    async def check_liveness(self) -> list[int]:
+        """Fence every broker silent past the session timeout; returns who was fenced."""
+        async with self._lock:
+            now = self.clock.monotonic_ms()
+            silent = expired_brokers(self.last_heard, now, self.session_timeout_ms)
+            for b in silent:
+                await self._fence(b, reason="session_timeout")
+        return silent
+
+    async def _liveness_loop(self) -> None:
+        tick_s = max(0.02, min(1.0, self.session_timeout_ms / 8000))
+        while True:
+            await asyncio.sleep(tick_s)
+            try:
+                await self.check_liveness()
+            except Exception:
+                log.exception("liveness_check_failed")
+
+    # --- preferred leaders ---
+
+    async def rebalance(self) -> int:
+        async with self._lock:
+            threshold = self.config.get_int("leader.imbalance.per.broker.percentage")
+            plan = ops.preferred_elections(self.image, self.live(), threshold)
+            await self._commit(plan)
+        return len(plan.changes)
+
+    async def _rebalance_loop(self) -> None:
+        if not self.config.get_bool("auto.leader.rebalance.enable"):
+            return
+        interval_s = self.config.get_int("leader.imbalance.check.interval.seconds")
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.rebalance()
+            except Exception:
+                log.exception("preferred_election_failed")
+
+    # --- topics and ISR ---
+
+    async def create_topics(self, topics: Sequence[ops.NewTopic]) -> list[ops.TopicResult]:
+        async with self._lock:
+            live = sorted(self.live())
+            n = max(1, len(live))
+            plan, results = ops.create_topics(
+                self.image, topics, live,
+                default_partitions=self.config.get_int("num.partitions"),
+                default_rf=self.config.get_int("default.replication.factor"),
+                default_min_isr=self.config.get_int("min.insync.replicas"),
+                default_unclean=self.unclean_default,
+                start_index=self.rng.randrange(n), replica_shift=self.rng.randrange(n))
+            await self._commit(plan)
+        for r in results:
+            if r.error is ErrorCode.NONE:
+                log.info("topic_created", topic=r.name, partitions=len(self.image.topic_partitions(r.name)))
+        return results
+
+    async def delete_topics(self, names: Sequence[Any]) -> list[ops.TopicResult]:
+        async with self._lock:
+            plan, results = ops.delete_topics(self.image, names)
+            await self._commit(plan)
+        for r in results:
+            if r.error is ErrorCode.NONE:
+                log.info("topic_deleted", topic=r.name)
+        return results
+
+    async def alter_partition(self, broker_id: int, broker_epoch: int,
+                              items: Sequence[ops.AlterItem]) -> tuple[ErrorCode, list[ops.AlterResult]]:
+        async with self._lock:
+            reg = self.image.brokers.get(broker_id)
+            if reg is None or reg.broker_epoch != broker_epoch:
+                return ErrorCode.STALE_BROKER_EPOCH, []
+            plan, results = ops.alter_partition(self.image, broker_id, items, self.live())
+            await self._commit(plan)
+        for r in results:
+            if r.error is not ErrorCode.NONE:
+                log.info("alter_partition_refused", broker_id=broker_id, topic=r.tp.topic,
+                         partition=r.tp.partition, error=r.error.name)
+        return ErrorCode.NONE, results

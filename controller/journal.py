@@ -1,0 +1,164 @@
+"""The controller's durable metadata: an append-only journal plus periodic snapshots.
+
+On-disk format (both files in the controller's data dir)::
+
+    metadata.journal    frame*            appended, fsynced before a change is acknowledged
+    metadata.snapshot   one frame         written to a temp file, fsynced, renamed, dir fsynced
+
+    frame   = length:u32 (big endian, payload bytes) | crc32(payload):u32 | payload
+    journal payload  = msgpack {offset: int, records: [record map, ...]}
+    snapshot payload = msgpack {offset: int, image: MetadataImage.to_snapshot()}
+
+One frame holds all the records of one controller operation, so a crash never
+leaves half an operation: the frame is either whole (length and CRC match) or a
+torn tail that replay truncates away. ``offset`` grows by one per frame and
+continues across snapshots; replay is the snapshot plus the journal frames with
+a larger offset. After a snapshot the journal is replaced by an empty one (temp
+file + rename); a crash between the two only leaves frames the snapshot already
+covers, which replay skips.
+
+Blocking I/O: the shell calls these methods through ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from common.wire import decode, encode
+from controller.state import MetadataImage, Record, record_from_dict, record_to_dict
+
+JOURNAL_NAME = "metadata.journal"
+SNAPSHOT_NAME = "metadata.snapshot"
+_FRAME = struct.Struct(">II")
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+
+
+class JournalCorruptError(Exception):
+    """A snapshot that fails its checksum: the data dir is damaged, not torn by a crash."""
+
+
+def encode_frame(payload: dict[str, Any]) -> bytes:
+    body = encode(payload)
+    return _FRAME.pack(len(body), zlib.crc32(body)) + body
+
+
+def read_frames(buf: bytes) -> tuple[list[dict[str, Any]], int]:
+    """Whole, valid frames from the start of ``buf`` and the byte length they cover."""
+    frames: list[dict[str, Any]] = []
+    pos = 0
+    while pos + _FRAME.size <= len(buf):
+        length, crc = _FRAME.unpack_from(buf, pos)
+        end = pos + _FRAME.size + length
+        if length > MAX_FRAME_BYTES or end > len(buf):
+            break
+        body = buf[pos + _FRAME.size:end]
+        if zlib.crc32(body) != crc:
+            break
+        try:
+            doc = decode(body)
+        except Exception:  # a CRC-valid frame that does not decode: treat as the torn tail
+            break
+        if not isinstance(doc, dict):
+            break
+        frames.append(doc)
+        pos = end
+    return frames, pos
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+class Journal:
+    """Owns the two files; not thread-safe (the shell serialises calls)."""
+
+    def __init__(self, data_dir: Path, *, offset: int, records_since_snapshot: int) -> None:
+        self.data_dir = data_dir
+        self.offset = offset  # offset of the last frame written or covered by the snapshot
+        self.records_since_snapshot = records_since_snapshot
+        self.truncated_bytes = 0
+        self._file = open(data_dir / JOURNAL_NAME, "ab")  # noqa: SIM115 - held open for the process lifetime
+
+    @classmethod
+    def open(cls, data_dir: Path) -> tuple[Journal, MetadataImage]:
+        """Replay the snapshot and the journal after it; truncate a torn tail."""
+        data_dir.mkdir(parents=True, exist_ok=True)
+        image, offset = _load_snapshot(data_dir / SNAPSHOT_NAME)
+        path = data_dir / JOURNAL_NAME
+        raw = path.read_bytes() if path.exists() else b""
+        frames, valid = read_frames(raw)
+        replayed = 0
+        for frame in frames:
+            frame_offset = int(frame.get("offset", -1))
+            if frame_offset <= offset:
+                continue
+            for d in frame.get("records") or []:
+                image.apply(record_from_dict(d))
+                replayed += 1
+            offset = frame_offset
+        if valid < len(raw):
+            with open(path, "r+b") as f:
+                f.truncate(valid)
+                f.flush()
+                os.fsync(f.fileno())
+        journal = cls(data_dir, offset=offset, records_since_snapshot=replayed)
+        journal.truncated_bytes = len(raw) - valid
+        return journal, image
+
+    def append(self, records: Sequence[Record]) -> int:
+        """Write one frame holding ``records`` and fsync; returns its offset."""
+        offset = self.offset + 1
+        frame = encode_frame({"offset": offset, "records": [record_to_dict(r) for r in records]})
+        self._file.write(frame)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self.offset = offset
+        self.records_since_snapshot += len(records)
+        return offset
+
+    def snapshot(self, image: MetadataImage) -> None:
+        """Write the image as of ``self.offset`` atomically, then start an empty journal."""
+        _write_atomically(self.data_dir / SNAPSHOT_NAME,
+                          encode_frame({"offset": self.offset, "image": image.to_snapshot()}))
+        self._file.close()
+        _write_atomically(self.data_dir / JOURNAL_NAME, b"")
+        self._file = open(self.data_dir / JOURNAL_NAME, "ab")  # noqa: SIM115
+        self.records_since_snapshot = 0
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._file.close()
+
+
+def _load_snapshot(path: Path) -> tuple[MetadataImage, int]:
+    if not path.exists():
+        return MetadataImage(), 0
+    raw = path.read_bytes()
+    frames, valid = read_frames(raw)
+    if len(frames) != 1 or valid != len(raw):
+        raise JournalCorruptError(f"{path}: snapshot fails its checksum; refusing to start from damaged metadata")
+    doc = frames[0]
+    try:
+        return MetadataImage.from_snapshot(doc["image"]), int(doc["offset"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise JournalCorruptError(f"{path}: snapshot does not decode: {exc}") from exc

@@ -1,0 +1,303 @@
+"""Controller operations as pure functions: (image, request, liveness) -> records + answer.
+
+Each function reads the current ``MetadataImage`` and returns a ``Plan``: the
+records to commit (one journal frame) and what to answer. The shell
+(controller/controller.py) commits the records, applies them to the image, then
+answers and propagates. Nothing here does I/O or reads the clock.
+
+Epoch rules (DESIGN.md): every leader change bumps leader_epoch; every change of
+a partition bumps partition_epoch. Where the *controller* changes an ISR
+(fencing, controlled shutdown, a new incarnation) it also bumps leader_epoch,
+as Kafka's ZooKeeper controller does in ``removeReplicasFromIsr``: brokers learn
+these changes through LeaderAndIsr, which they accept only with a newer leader
+epoch. ISR changes the leader asked for (AlterPartition) keep the leader epoch,
+as in Kafka: the leader already knows, the others learn from UpdateMetadata.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.config import ConfigError, validate_topic_configs
+from common.errors import ErrorCode
+from common.wire import TopicPartition
+from controller import rules
+from controller.rules import ElectionReason
+from controller.state import (
+    NO_LEADER,
+    BrokerFencingRecord,
+    MetadataImage,
+    PartitionRecord,
+    PartitionState,
+    Record,
+    RegisterBrokerRecord,
+    RemoveTopicRecord,
+    TopicRecord,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderChange:
+    """One partition change, for logs and metrics."""
+
+    tp: TopicPartition
+    old: PartitionState | None
+    new: PartitionState
+    reason: ElectionReason
+
+    @property
+    def leader_changed(self) -> bool:
+        return self.old is None or self.old.leader != self.new.leader
+
+    @property
+    def isr_changed(self) -> bool:
+        return self.old is None or self.old.isr != self.new.isr
+
+
+@dataclass(slots=True)
+class Plan:
+    records: list[Record] = field(default_factory=list)
+    changes: list[LeaderChange] = field(default_factory=list)
+
+    def change(self, tp: TopicPartition, old: PartitionState | None, new: PartitionState,
+               reason: ElectionReason) -> None:
+        self.records.append(PartitionRecord.of(tp, new))
+        self.changes.append(LeaderChange(tp, old, new, reason))
+
+
+def unclean_enabled(image: MetadataImage, topic: str, default: bool) -> bool:
+    value = image.topics.get(topic, {}).get("unclean.leader.election.enable", default)
+    return bool(value)
+
+
+def _bumped(st: PartitionState, leader: int, isr: tuple[int, ...]) -> PartitionState:
+    return PartitionState(st.replicas, isr, leader, st.leader_epoch + 1, st.partition_epoch + 1)
+
+
+def _reason(st: PartitionState, election: rules.Election, default: ElectionReason) -> ElectionReason:
+    if election.unclean:
+        return ElectionReason.UNCLEAN
+    if election.leader == st.leader:
+        return ElectionReason.ISR_CHANGE
+    return default
+
+
+def remove_broker(image: MetadataImage, plan: Plan, broker: int, live: Collection[int], *,
+                  reason: ElectionReason, unclean_default: bool, keep_leader_if_stuck: bool = False) -> None:
+    """``broker`` leaves every ISR (never emptying one); new leaders where it led."""
+    eligible = set(live) - {broker}
+    for tp, st in image.partitions_of_broker(broker):
+        if broker not in st.isr and st.leader != broker:
+            continue
+        election = rules.remove_from_isr(st.replicas, st.isr, broker, eligible, current_leader=st.leader,
+                                         unclean_enabled=unclean_enabled(image, tp.topic, unclean_default))
+        if keep_leader_if_stuck and st.leader == broker and election.offline:
+            continue  # controlled shutdown with no other ISR member: Kafka leaves it where it is
+        if election.leader == st.leader and election.isr == st.isr:
+            continue
+        plan.change(tp, st, _bumped(st, election.leader, election.isr), _reason(st, election, reason))
+
+
+def elect_offline(image: MetadataImage, plan: Plan, live: Collection[int], *, unclean_default: bool,
+                  only_broker: int | None = None) -> None:
+    """Partitions without a leader get one if a candidate is now live."""
+    for tp, st in sorted(image.partitions.items()):
+        if st.leader != NO_LEADER or (only_broker is not None and only_broker not in st.replicas):
+            continue
+        election = rules.elect_leader(st.replicas, st.isr, live,
+                                      unclean_enabled=unclean_enabled(image, tp.topic, unclean_default))
+        if election.offline:
+            continue
+        reason = ElectionReason.UNCLEAN if election.unclean else ElectionReason.OFFLINE
+        plan.change(tp, st, _bumped(st, election.leader, election.isr), reason)
+
+
+def register_broker(image: MetadataImage, node_id: int, host: str, port: int, incarnation_id: str,
+                    live: Collection[int], *, unclean_default: bool) -> tuple[Plan, int]:
+    """A new incarnation: a new broker epoch, out of every ISR (never emptying one), new leaders where it
+    led; partitions left offline may now be led by it (it is live again)."""
+    epoch = image.last_broker_epoch + 1
+    plan = Plan([RegisterBrokerRecord(node_id, host, port, incarnation_id, epoch)])
+    others = set(live) - {node_id}
+    now_live = others | {node_id}
+    for tp, st in image.partitions_of_broker(node_id):
+        new_isr = tuple(r for r in st.isr if r != node_id) or st.isr
+        if st.leader not in (node_id, NO_LEADER) and st.leader in others:
+            election = rules.Election(st.leader, new_isr)
+        else:
+            election = rules.elect_leader(st.replicas, new_isr, now_live,
+                                          unclean_enabled=unclean_enabled(image, tp.topic, unclean_default))
+        if election.leader == st.leader and election.isr == st.isr:
+            continue
+        default = ElectionReason.OFFLINE if st.leader == NO_LEADER else ElectionReason.REREGISTRATION
+        plan.change(tp, st, _bumped(st, election.leader, election.isr), _reason(st, election, default))
+    return plan, epoch
+
+
+def fence_broker(image: MetadataImage, node_id: int, live: Collection[int], *, unclean_default: bool) -> Plan:
+    reg = image.brokers[node_id]
+    plan = Plan([BrokerFencingRecord(node_id, reg.broker_epoch, True)])
+    remove_broker(image, plan, node_id, live, reason=ElectionReason.OFFLINE, unclean_default=unclean_default)
+    return plan
+
+
+def unfence_broker(image: MetadataImage, node_id: int, live: Collection[int], *, unclean_default: bool) -> Plan:
+    """A fenced broker heartbeats again with its current epoch (KRaft unfences it); it leads offline partitions."""
+    reg = image.brokers[node_id]
+    plan = Plan([BrokerFencingRecord(node_id, reg.broker_epoch, False)])
+    elect_offline(image, plan, set(live) | {node_id}, unclean_default=unclean_default, only_broker=node_id)
+    return plan
+
+
+def controlled_shutdown(image: MetadataImage, node_id: int, live: Collection[int], *,
+                        unclean_default: bool) -> tuple[Plan, list[TopicPartition]]:
+    """Move leadership off ``node_id`` and take it out of ISRs; what it must keep leading is returned."""
+    plan = Plan()
+    remove_broker(image, plan, node_id, live, reason=ElectionReason.CONTROLLED_SHUTDOWN,
+                  unclean_default=unclean_default, keep_leader_if_stuck=True)
+    planned = {c.tp: c.new for c in plan.changes}
+    remaining = [tp for tp, st in image.partitions_of_broker(node_id) if planned.get(tp, st).leader == node_id]
+    return plan, remaining
+
+
+def preferred_elections(image: MetadataImage, live: Collection[int], threshold_percent: int) -> Plan:
+    """Kafka's auto leader rebalance: for brokers over the imbalance threshold, move leadership back."""
+    plan = Plan()
+    imbalance = rules.preferred_imbalance((st.preferred, st.leader) for st in image.partitions.values())
+    over = rules.brokers_over_imbalance(imbalance, threshold_percent)
+    for tp, st in sorted(image.partitions.items()):
+        if st.preferred not in over:
+            continue
+        leader = rules.preferred_election(st.replicas, st.isr, st.leader, live)
+        if leader is not None:
+            plan.change(tp, st, _bumped(st, leader, st.isr), ElectionReason.PREFERRED)
+    return plan
+
+
+@dataclass(frozen=True, slots=True)
+class TopicResult:
+    name: str
+    error: ErrorCode
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NewTopic:
+    name: Any
+    num_partitions: Any
+    replication_factor: Any
+    configs: Any
+
+
+def create_topics(image: MetadataImage, topics: Sequence[NewTopic], live: Sequence[int], *,
+                  default_partitions: int, default_rf: int, default_min_isr: int, default_unclean: bool,
+                  start_index: int, replica_shift: int) -> tuple[Plan, list[TopicResult]]:
+    plan = Plan()
+    results: list[TopicResult] = []
+    seen: set[str] = set()
+    brokers = sorted(live)
+    for t in topics:
+        result = _check_topic(image, t, seen, brokers, default_partitions, default_rf)
+        if result is not None:
+            results.append(result)
+            continue
+        try:
+            configs = validate_topic_configs(t.configs or {})
+        except ConfigError as exc:
+            results.append(TopicResult(t.name, ErrorCode.INVALID_CONFIG, str(exc)))
+            continue
+        configs.setdefault("min.insync.replicas", default_min_isr)
+        configs.setdefault("unclean.leader.election.enable", default_unclean)
+        n = t.num_partitions if t.num_partitions not in (None, -1) else default_partitions
+        rf = t.replication_factor if t.replication_factor not in (None, -1) else default_rf
+        seen.add(t.name)
+        plan.records.append(TopicRecord(t.name, configs))
+        assignment = rules.assign_replicas(n, rf, brokers, start_index=start_index, replica_shift=replica_shift)
+        for p, replicas in enumerate(assignment):
+            st = PartitionState(replicas, replicas, replicas[0], 0, 0)
+            plan.change(TopicPartition(t.name, p), None, st, ElectionReason.NEW_PARTITION)
+        results.append(TopicResult(t.name, ErrorCode.NONE))
+    return plan, results
+
+
+def _check_topic(image: MetadataImage, t: NewTopic, seen: set[str], brokers: Sequence[int],
+                 default_partitions: int, default_rf: int) -> TopicResult | None:
+    name = t.name if isinstance(t.name, str) else str(t.name)
+    problem = rules.topic_name_error(t.name)
+    if problem is not None:
+        return TopicResult(name, ErrorCode.INVALID_TOPIC_EXCEPTION, problem)
+    if t.name in image.topics or t.name in seen:
+        return TopicResult(name, ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+    n = t.num_partitions if t.num_partitions not in (None, -1) else default_partitions
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 10_000:
+        return TopicResult(name, ErrorCode.INVALID_PARTITIONS, f"num_partitions must be 1..10000, got {n!r}")
+    rf = t.replication_factor if t.replication_factor not in (None, -1) else default_rf
+    if not isinstance(rf, int) or isinstance(rf, bool) or rf < 1:
+        return TopicResult(name, ErrorCode.INVALID_REPLICATION_FACTOR,
+                           f"replication_factor must be a positive integer, got {rf!r}")
+    if rf > len(brokers):
+        return TopicResult(name, ErrorCode.INVALID_REPLICATION_FACTOR,
+                           f"replication factor {rf} larger than the {len(brokers)} live brokers")
+    if not isinstance(t.configs, Mapping | None):
+        return TopicResult(name, ErrorCode.INVALID_CONFIG, "configs must be a map")
+    return None
+
+
+def delete_topics(image: MetadataImage, names: Sequence[Any]) -> tuple[Plan, list[TopicResult]]:
+    plan = Plan()
+    results: list[TopicResult] = []
+    for name in names:
+        if not isinstance(name, str) or name not in image.topics:
+            results.append(TopicResult(str(name), ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no topic {name!r}"))
+            continue
+        if any(isinstance(r, RemoveTopicRecord) and r.name == name for r in plan.records):
+            results.append(TopicResult(name, ErrorCode.NONE))
+            continue
+        plan.records.append(RemoveTopicRecord(name))
+        results.append(TopicResult(name, ErrorCode.NONE))
+    return plan, results
+
+
+@dataclass(frozen=True, slots=True)
+class AlterItem:
+    tp: TopicPartition
+    leader_epoch: int
+    partition_epoch: int
+    new_isr: tuple[int, ...]
+    new_isr_broker_epochs: Mapping[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class AlterResult:
+    tp: TopicPartition
+    error: ErrorCode
+    state: PartitionState | None
+
+
+def alter_partition(image: MetadataImage, broker_id: int, items: Sequence[AlterItem],
+                    eligible: Collection[int]) -> tuple[Plan, list[AlterResult]]:
+    """Check each item (rules.check_alter_isr) and plan the accepted ISR changes."""
+    plan = Plan()
+    results: list[AlterResult] = []
+    epochs = {b: reg.broker_epoch for b, reg in image.brokers.items()}
+    for item in items:
+        st = image.partitions.get(item.tp)
+        if st is None:
+            results.append(AlterResult(item.tp, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, None))
+            continue
+        view = rules.PartitionView(st.replicas, st.isr, st.leader, st.leader_epoch, st.partition_epoch)
+        req = rules.AlterIsrRequest(broker_id, item.leader_epoch, item.partition_epoch, item.new_isr,
+                                    item.new_isr_broker_epochs)
+        check = rules.check_alter_isr(req, view, eligible=eligible, broker_epochs=epochs)
+        if check is not rules.IsrCheck.OK:
+            results.append(AlterResult(item.tp, ErrorCode[check.value], st))
+            continue
+        if item.new_isr == st.isr:
+            results.append(AlterResult(item.tp, ErrorCode.NONE, st))
+            continue
+        new = PartitionState(st.replicas, item.new_isr, st.leader, st.leader_epoch, st.partition_epoch + 1)
+        plan.change(item.tp, st, new, ElectionReason.ISR_CHANGE)
+        results.append(AlterResult(item.tp, ErrorCode.NONE, new))
+    return plan, results
