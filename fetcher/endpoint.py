@@ -187,8 +187,8 @@ class HttpLeaderEndpoint:
     async def _call(self, api: str, body: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
         try:
             return await self._rpc.call(self._broker.address, api, body, timeout_s=timeout_s)
-        except RpcError as exc:
-            raise LeaderUnavailableError(str(exc)) from exc
+        except (RpcError, ValueError) as exc:  # msgpack's decode errors are ValueErrors
+            raise LeaderUnavailableError(f"{api} to {self._broker.address}: {exc}") from exc
 
     async def fetch(self, request: FetchRequest) -> FetchResponse:
         # The long poll may legitimately take max_wait_ms; the socket timeout comes on top.

@@ -65,6 +65,11 @@ class FetcherConfig:
     backoff_ms: int = 1_000
     socket_timeout_ms: int = 30_000
     num_fetchers: int = 1
+    # KIP-320 truncation on fetch: a re-added partition whose log has an epoch starts FETCHING with
+    # last_fetched_epoch and relies on the leader's diverging_epoch answer (one round trip fewer on a
+    # leader change). Off by default: OffsetsForLeaderEpoch first is safe even against a leader
+    # that does not compute diverging_epoch.
+    truncate_on_fetch: bool = False
 
     @classmethod
     def from_config(cls, config: Config) -> FetcherConfig:
@@ -117,10 +122,20 @@ class FetcherTask:
             current = self._states.get(tp)
             if current is not None and current.current_leader_epoch == initial.leader_epoch:
                 continue
-            self._states.set(tp, PartitionFetchState.initial(initial.fetch_offset, initial.leader_epoch, None))
+            self._states.set(tp, self._initial_state(tp, initial))
             self._log.info("fetcher_partition_added", topic=tp.topic, partition=tp.partition,
                            leader_epoch=initial.leader_epoch, offset=initial.fetch_offset)
         self._wakeup.set()
+
+    def _initial_state(self, tp: TopicPartition, initial: InitialFetchState) -> PartitionFetchState:
+        state = PartitionFetchState.initial(initial.fetch_offset, initial.leader_epoch, None)
+        if not self._config.truncate_on_fetch:
+            return state
+        local = self._partitions.follower_log(tp, initial.leader_epoch)
+        epoch = local.latest_epoch() if local is not None else None
+        if local is None or epoch is None or local.log_end_offset != initial.fetch_offset:
+            return state
+        return state.truncated(initial.fetch_offset, epoch, True)
 
     def remove_partitions(self, tps: set[TopicPartition] | list[TopicPartition]) -> None:
         for tp in tps:

@@ -1,0 +1,142 @@
+"""HttpLeaderEndpoint against a real aiohttp server on 127.0.0.1 (canned protocol answers)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from common.errors import ErrorCode
+from common.wire import CONTENT_TYPE, TopicPartition, decode, encode
+from fetcher.api import BrokerEndpoint
+from fetcher.endpoint import (
+    EARLIEST_TIMESTAMP,
+    EpochRequest,
+    FetchPartition,
+    FetchRequest,
+    HttpLeaderEndpoint,
+    LeaderUnavailableError,
+)
+from fetcher.state import EpochEndOffset
+
+A, B, C = TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b", 0)
+
+
+class CannedLeader:
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.answers: dict[str, Any] = {}
+        self.status = 200
+
+    async def handle(self, request: web.Request) -> web.Response:
+        api = request.match_info["api"]
+        self.requests.append((api, decode(await request.read())))
+        if self.status != 200:
+            return web.Response(status=self.status, text="missing field 'topics'")
+        body = self.answers[api]
+        return web.Response(body=body if isinstance(body, bytes) else encode(body), content_type=CONTENT_TYPE)
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[CannedLeader, HttpLeaderEndpoint]]:
+    leader = CannedLeader()
+    app = web.Application()
+    app.router.add_post("/v1/{api}", leader.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    endpoint = HttpLeaderEndpoint(BrokerEndpoint(1, "127.0.0.1", port), timeout_ms=5_000)
+    try:
+        yield leader, endpoint
+    finally:
+        await endpoint.close()
+        await runner.cleanup()
+
+
+def fetch_request() -> FetchRequest:
+    parts = {tp: FetchPartition(10 * i, 3, 2, 0, 1024) for i, tp in enumerate((A, C, B))}
+    return FetchRequest(replica_id=2, broker_epoch=9, max_wait_ms=10, min_bytes=1, max_bytes=4096, partitions=parts)
+
+
+async def test_fetch_encodes_request_and_decodes_answer(served: tuple[CannedLeader, HttpLeaderEndpoint]) -> None:
+    leader, endpoint = served
+    leader.answers["fetch"] = {"error": 0, "topics": [
+        {"topic": "a", "partitions": [
+            {"partition": 0, "error": 0, "high_watermark": 5, "log_start_offset": 0, "log_end_offset": 7,
+             "diverging_epoch": None, "records": b"xyz"},
+            {"partition": 1, "error": 74, "high_watermark": -1, "log_start_offset": -1, "log_end_offset": -1,
+             "diverging_epoch": None, "records": b""}]},
+        {"topic": "b", "partitions": [
+            {"partition": 0, "error": 0, "high_watermark": 5, "log_start_offset": 0, "log_end_offset": 7,
+             "diverging_epoch": {"epoch": 2, "end_offset": 4}, "records": b""}]}]}
+    response = await endpoint.fetch(fetch_request())
+    api, body = leader.requests[-1]
+    assert api == "fetch"
+    assert (body["replica_id"], body["broker_epoch"], body["max_wait_ms"], body["max_bytes"]) == (2, 9, 10, 4096)
+    assert [t["topic"] for t in body["topics"]] == ["a", "b"]
+    first = body["topics"][0]["partitions"][0]
+    assert first == {"partition": 0, "fetch_offset": 0, "current_leader_epoch": 3, "last_fetched_epoch": 2,
+                     "log_start_offset": 0, "partition_max_bytes": 1024}
+    assert response.error is ErrorCode.NONE
+    assert response.partitions[A].records == b"xyz" and response.partitions[A].high_watermark == 5
+    assert response.partitions[B].error is ErrorCode.FENCED_LEADER_EPOCH
+    assert response.partitions[C].diverging_epoch == EpochEndOffset(2, 4)
+
+
+async def test_offsets_for_leader_epoch_and_missing_partitions(
+        served: tuple[CannedLeader, HttpLeaderEndpoint]) -> None:
+    leader, endpoint = served
+    leader.answers["offsets_for_leader_epoch"] = {"topics": [
+        {"topic": "a", "partitions": [{"partition": 0, "error": 0, "leader_epoch": 2, "end_offset": 40}]}]}
+    answers = await endpoint.offsets_for_leader_epoch(2, {A: EpochRequest(3, 2), B: EpochRequest(3, 1)})
+    assert answers[A].error is ErrorCode.NONE and answers[A].epoch_end == EpochEndOffset(2, 40)
+    assert answers[B].error is not ErrorCode.NONE  # left out by the leader: never "no truncation"
+    _, body = leader.requests[-1]
+    assert body["replica_id"] == 2
+    assert body["topics"][0]["partitions"][1] == {"partition": 1, "current_leader_epoch": 3, "leader_epoch": 1}
+
+
+async def test_list_offset(served: tuple[CannedLeader, HttpLeaderEndpoint]) -> None:
+    leader, endpoint = served
+    leader.answers["list_offsets"] = {"topics": [{"topic": "a", "partitions": [
+        {"partition": 0, "error": 0, "timestamp": -1, "offset": 123, "leader_epoch": 3}]}]}
+    answer = await endpoint.list_offset(2, A, 3, EARLIEST_TIMESTAMP)
+    assert (answer.error, answer.offset) == (ErrorCode.NONE, 123)
+    _, body = leader.requests[-1]
+    assert body["replica_id"] == 2 and body["topics"][0]["partitions"][0]["timestamp"] == EARLIEST_TIMESTAMP
+
+
+@pytest.mark.parametrize("answer", [b"\xc1 not msgpack", encode([1, 2]), encode({"topics": "x"}),
+                                    encode({"topics": [{"topic": "a", "partitions": [{"partition": "0"}]}]}),
+                                    encode({"topics": [{"topic": "a", "partitions": [
+                                        {"partition": 0, "error": 0, "records": "text"}]}]})])
+async def test_malformed_answer_is_a_whole_request_failure(
+        served: tuple[CannedLeader, HttpLeaderEndpoint], answer: bytes) -> None:
+    leader, endpoint = served
+    leader.answers["fetch"] = answer
+    with pytest.raises(LeaderUnavailableError):
+        await endpoint.fetch(fetch_request())
+
+
+async def test_http_400_is_a_whole_request_failure(served: tuple[CannedLeader, HttpLeaderEndpoint]) -> None:
+    leader, endpoint = served
+    leader.status = 400
+    with pytest.raises(LeaderUnavailableError, match="missing field"):
+        await endpoint.fetch(fetch_request())
+
+
+async def test_connection_refused() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    endpoint = HttpLeaderEndpoint(BrokerEndpoint(1, "127.0.0.1", port), timeout_ms=2_000)
+    try:
+        with pytest.raises(LeaderUnavailableError):
+            await endpoint.fetch(fetch_request())
+    finally:
+        await endpoint.close()
