@@ -1,0 +1,151 @@
+"""Record batch build/parse/validate/stamp/decode, and each kind of bad batch."""
+
+from __future__ import annotations
+
+import struct
+
+import msgpack
+import pytest
+
+from common.errors import ErrorCode
+from storage import record_batch as rb
+from storage.record_batch import (
+    HEADER_SIZE,
+    BatchLengthError,
+    BatchTooLargeError,
+    BatchTooShortError,
+    CrcMismatchError,
+    Record,
+    RecordCountMismatchError,
+    UnsupportedMagicError,
+)
+
+TS = 1_700_000_000_000
+
+
+def _batch(n: int = 3, **kw: int) -> bytes:
+    return rb.build_batch([(b"k%d" % i, b"v%d" % i) for i in range(n)], timestamp_ms=TS, **kw)
+
+
+def test_build_and_parse_header() -> None:
+    data = rb.build_batch([(b"a", b"1", TS + 5), (None, b"2", TS + 1), (b"c", None, TS + 9)],
+                          base_offset=7, timestamp_ms=0, producer_id=3, producer_epoch=1, base_sequence=4,
+                          partition_leader_epoch=2)
+    h = rb.parse_header(data)
+    assert (h.base_offset, h.partition_leader_epoch, h.magic, h.record_count) == (7, 2, 2, 3)
+    assert (h.first_timestamp, h.max_timestamp) == (TS + 5, TS + 9)
+    assert (h.producer_id, h.producer_epoch, h.base_sequence) == (3, 1, 4)
+    assert (h.last_offset, h.next_offset, h.size) == (9, 10, len(data))
+    assert h.batch_length == len(data) - 12
+    assert rb.validate_batch(data) == h
+
+
+def test_decode_records_roundtrip_with_headers() -> None:
+    data = rb.build_batch([(b"k", b"v", TS, [("h", b"x")]), (None, None, TS - 3)], timestamp_ms=0)
+    assert rb.decode_records(data) == [Record(0, 0, b"k", b"v", [("h", b"x")]), Record(1, -3, None, None, [])]
+
+
+def test_empty_batch_refused() -> None:
+    with pytest.raises(ValueError):
+        rb.build_batch([], timestamp_ms=TS)
+
+
+def test_stamp_keeps_crc_valid() -> None:
+    buf = bytearray(_batch())
+    rb.stamp(buf, 0, base_offset=1234, partition_leader_epoch=9)
+    h = rb.validate_batch(buf)
+    assert (h.base_offset, h.partition_leader_epoch) == (1234, 9)
+
+
+def test_iter_batches_stops_at_partial_tail() -> None:
+    a, b = _batch(2), _batch(5, base_offset=2)
+    buf = a + b + b[:30]
+    got = [(pos, h.base_offset) for pos, h in rb.iter_batches(buf)]
+    assert got == [(0, 0), (len(a), 2)]
+    assert list(rb.iter_batches(a + b[: len(b) - 1])) == [(0, rb.parse_header(a))]
+
+
+def test_validate_batches_whole_buffer() -> None:
+    a, b = _batch(2), _batch(5)
+    assert [h.record_count for h in rb.validate_batches(a + b, max_batch_size=10_000)] == [2, 5]
+    assert rb.validate_batches(b"", max_batch_size=10) == []
+    with pytest.raises(BatchTooShortError):
+        rb.validate_batches(a + b[:-1], max_batch_size=10_000)
+
+
+def _corrupt(data: bytes, pos: int, value: bytes) -> bytes:
+    return data[:pos] + value + data[pos + len(value):]
+
+
+def _recrc(data: bytes) -> bytes:
+    buf = bytearray(data)
+    struct.pack_into(">I", buf, 17, rb.compute_crc(buf, 0, len(buf)))
+    return bytes(buf)
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "code"),
+    [
+        (lambda d: d[:HEADER_SIZE - 1], BatchTooShortError, ErrorCode.CORRUPT_MESSAGE),
+        (lambda d: d[:-1], BatchTooShortError, ErrorCode.CORRUPT_MESSAGE),
+        (lambda d: _corrupt(d, 8, struct.pack(">i", 10)), BatchLengthError, ErrorCode.CORRUPT_MESSAGE),
+        (lambda d: _corrupt(d, 8, struct.pack(">i", -5)), BatchLengthError, ErrorCode.CORRUPT_MESSAGE),
+        (lambda d: _corrupt(d, 16, b"\x01"), UnsupportedMagicError, ErrorCode.CORRUPT_MESSAGE),
+        (lambda d: _corrupt(d, len(d) - 1, bytes([d[-1] ^ 0xFF])), CrcMismatchError, ErrorCode.CORRUPT_MESSAGE),
+        (lambda d: _corrupt(d, 30, bytes([d[30] ^ 1])), CrcMismatchError, ErrorCode.CORRUPT_MESSAGE),
+        (lambda d: _recrc(_corrupt(d, 57, struct.pack(">i", 4))), RecordCountMismatchError,
+         ErrorCode.INVALID_RECORD),
+        (lambda d: _recrc(_corrupt(d, 23, struct.pack(">i", 1))), RecordCountMismatchError,
+         ErrorCode.INVALID_RECORD),
+    ],
+)
+def test_each_bad_batch_has_its_error(make, error, code) -> None:  # type: ignore[no-untyped-def]
+    bad = make(_batch(3))
+    with pytest.raises(error) as info:
+        rb.validate_batch(bad)
+    assert info.value.code == code
+    assert isinstance(info.value, rb.InvalidBatchError)
+
+
+def test_too_large() -> None:
+    data = _batch(3)
+    with pytest.raises(BatchTooLargeError) as info:
+        rb.validate_batch(data, max_size=len(data) - 1)
+    assert info.value.code == ErrorCode.MESSAGE_TOO_LARGE
+    assert rb.validate_batch(data, max_size=len(data)).record_count == 3
+
+
+def _with_body(body: bytes, count: int) -> bytes:
+    tail = struct.pack(">hiqqqhii", 0, count - 1, TS, TS, -1, -1, -1, count) + body
+    head = struct.pack(">qiibI", 0, len(tail) + 9, -1, 2, 0)
+    return _recrc(head + tail)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"\xc1",  # never-used msgpack byte
+        msgpack.packb({"a": 1}),
+        msgpack.packb([[0, 0, b"k", b"v"]]),  # 4 fields
+        msgpack.packb([[1, 0, b"k", b"v", []]]),  # wrong offset delta
+        msgpack.packb([[0, 0, "k", b"v", []]]),  # key not bytes
+        msgpack.packb([[0, 0, b"k", b"v", [["h", "not-bytes"]]]]),
+        msgpack.packb([[0, 0.5, b"k", b"v", []]]),
+    ],
+)
+def test_undecodable_records_are_invalid_record(body: bytes) -> None:
+    with pytest.raises(RecordCountMismatchError) as info:
+        rb.validate_batch(_with_body(body, 1))
+    assert info.value.code == ErrorCode.INVALID_RECORD
+
+
+def test_record_count_vs_records() -> None:
+    body = msgpack.packb([[0, 0, b"k", b"v", []], [1, 0, b"k", b"v", []]])
+    assert rb.validate_batch(_with_body(body, 2)).record_count == 2
+    with pytest.raises(RecordCountMismatchError):
+        rb.validate_batch(_with_body(body, 3))
+
+
+def test_parse_header_short() -> None:
+    with pytest.raises(BatchTooShortError):
+        rb.parse_header(b"\x00" * 10)
