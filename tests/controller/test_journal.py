@@ -1,0 +1,188 @@
+"""Journal and snapshot: replay equals what was acknowledged; torn tails are cut; snapshots are atomic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common.wire import TopicPartition
+from controller.journal import JOURNAL_NAME, SNAPSHOT_NAME, Journal, JournalCorruptError
+from controller.state import (
+    BrokerFencingRecord,
+    ControllerEpochRecord,
+    MetadataImage,
+    PartitionRecord,
+    PartitionState,
+    Record,
+    RegisterBrokerRecord,
+    RemoveTopicRecord,
+    TopicRecord,
+    record_from_dict,
+    record_to_dict,
+)
+
+OPS: list[list[Record]] = [
+    [ControllerEpochRecord(1)],
+    [RegisterBrokerRecord(1, "127.0.0.1", 9001, "a", 1)],
+    [RegisterBrokerRecord(2, "127.0.0.1", 9002, "b", 2)],
+    [TopicRecord("t", {"min.insync.replicas": 2}),
+     PartitionRecord("t", 0, (1, 2), (1, 2), 1, 0, 0), PartitionRecord("t", 1, (2, 1), (2, 1), 2, 0, 0)],
+    [BrokerFencingRecord(2, 2, True), PartitionRecord("t", 1, (2, 1), (1,), 1, 1, 1)],
+    [TopicRecord("gone", {}), PartitionRecord("gone", 0, (1,), (1,), 1, 0, 0)],
+    [RemoveTopicRecord("gone")],
+]
+
+
+def replay(d: Path) -> MetadataImage:
+    journal, image = Journal.open(d)
+    journal.close()
+    return image
+
+
+def image_of(ops: list[list[Record]]) -> MetadataImage:
+    image = MetadataImage()
+    for op in ops:
+        for r in op:
+            image.apply(r)
+    return image
+
+
+def test_records_round_trip() -> None:
+    for op in OPS:
+        for r in op:
+            assert record_from_dict(record_to_dict(r)) == r
+    with pytest.raises(ValueError):
+        record_from_dict({"type": "nope"})
+    with pytest.raises(ValueError):
+        record_from_dict({"type": "controller_epoch"})
+
+
+def test_apply_is_deterministic_and_idempotent() -> None:
+    image = image_of(OPS)
+    assert image.controller_epoch == 1 and image.last_broker_epoch == 2
+    assert image.brokers[2].fenced and not image.brokers[1].fenced
+    assert set(image.topics) == {"t"}
+    assert image.partitions[TopicPartition("t", 1)] == PartitionState((2, 1), (1,), 1, 1, 1)
+    again = image_of(OPS + OPS[3:5])
+    assert again.partitions == image.partitions
+    assert MetadataImage.from_snapshot(image.to_snapshot()) == image
+
+
+def test_replay_returns_every_appended_operation(tmp_path: Path) -> None:
+    journal, image = Journal.open(tmp_path)
+    assert image == MetadataImage()
+    for op in OPS:
+        journal.append(op)
+    journal.close()
+    journal2, replayed = Journal.open(tmp_path)
+    assert replayed == image_of(OPS)
+    assert journal2.offset == len(OPS)
+    journal2.close()
+
+
+@pytest.mark.parametrize("cut", [1, 4, 7, 8, 20])
+def test_torn_tail_is_truncated(tmp_path: Path, cut: int) -> None:
+    journal, _image = Journal.open(tmp_path)
+    for op in OPS:
+        journal.append(op)
+    journal.close()
+    path = tmp_path / JOURNAL_NAME
+    size_before_last = _size_without_last_frame(tmp_path)
+    with open(path, "r+b") as f:  # a crash mid-write of the last frame
+        f.truncate(path.stat().st_size - cut)
+    journal2, replayed = Journal.open(tmp_path)
+    assert replayed == image_of(OPS[:-1])
+    assert path.stat().st_size == size_before_last
+    journal2.append(OPS[-1])  # the journal goes on from the cut
+    journal2.close()
+    again = replay(tmp_path)
+    assert again == image_of(OPS)
+
+
+def _size_without_last_frame(tmp_path: Path) -> int:
+    other = tmp_path / "other"
+    j, _image = Journal.open(other)
+    for op in OPS[:-1]:
+        j.append(op)
+    j.close()
+    return (other / JOURNAL_NAME).stat().st_size
+
+
+def test_corrupt_middle_frame_stops_replay_there(tmp_path: Path) -> None:
+    journal, _image = Journal.open(tmp_path)
+    for op in OPS:
+        journal.append(op)
+    journal.close()
+    path = tmp_path / JOURNAL_NAME
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0xFF  # bad CRC in the last frame
+    path.write_bytes(bytes(data))
+    replayed = replay(tmp_path)
+    assert replayed == image_of(OPS[:-1])
+
+
+def test_snapshot_then_journal(tmp_path: Path) -> None:
+    journal, image = Journal.open(tmp_path)
+    for op in OPS[:4]:
+        journal.append(op)
+        for r in op:
+            image.apply(r)
+    journal.snapshot(image)
+    assert (tmp_path / JOURNAL_NAME).stat().st_size == 0
+    for op in OPS[4:]:
+        journal.append(op)
+    journal.close()
+    j2, replayed = Journal.open(tmp_path)
+    assert replayed == image_of(OPS)
+    assert j2.offset == len(OPS)
+    j2.close()
+
+
+def test_crash_between_snapshot_and_journal_reset_skips_covered_frames(tmp_path: Path) -> None:
+    journal, image = Journal.open(tmp_path)
+    for op in OPS:
+        journal.append(op)
+        for r in op:
+            image.apply(r)
+    old_journal = (tmp_path / JOURNAL_NAME).read_bytes()
+    journal.snapshot(image)
+    journal.close()
+    (tmp_path / JOURNAL_NAME).write_bytes(old_journal)  # as if the reset never happened
+    replayed = replay(tmp_path)
+    assert replayed == image
+
+
+def test_damaged_snapshot_is_refused(tmp_path: Path) -> None:
+    journal, image = Journal.open(tmp_path)
+    journal.append(OPS[0])
+    image.apply(OPS[0][0])
+    journal.snapshot(image)
+    journal.close()
+    snap = tmp_path / SNAPSHOT_NAME
+    snap.write_bytes(snap.read_bytes()[:-2])
+    with pytest.raises(JournalCorruptError):
+        replay(tmp_path)
+
+
+@settings(max_examples=30, deadline=None)
+@given(cut=st.integers(0, 2000), snap_at=st.integers(0, len(OPS)))
+def test_any_crash_point_replays_a_prefix(tmp_path_factory: pytest.TempPathFactory, cut: int, snap_at: int) -> None:
+    d = tmp_path_factory.mktemp("j")
+    journal, image = Journal.open(d)
+    for i, op in enumerate(OPS):
+        if i == snap_at:
+            journal.snapshot(image)
+        journal.append(op)
+        for r in op:
+            image.apply(r)
+    journal.close()
+    path = d / JOURNAL_NAME
+    with open(path, "r+b") as f:
+        f.truncate(max(0, path.stat().st_size - cut))
+    replayed = replay(d)
+    first = snap_at if snap_at < len(OPS) else 0  # snap_at == len(OPS): no snapshot was taken
+    prefixes = [image_of(OPS[:k]) for k in range(first, len(OPS) + 1)]
+    assert replayed in prefixes
