@@ -1,0 +1,75 @@
+"""Fake brokers for controller tests: real aiohttp servers on 127.0.0.1 port 0 that record what they are told."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from common.wire import CONTENT_TYPE, decode_body, encode
+
+
+class FakeBroker:
+    """Answers leader_and_isr / update_metadata / stop_replica like a broker would and records them."""
+
+    def __init__(self, node_id: int) -> None:
+        self.node_id = node_id
+        self.received: list[tuple[str, dict[str, Any]]] = []
+        self.fail_next = 0  # answer this many requests with a closed connection
+        self.controller_epoch = -1
+        self.leader_epochs: dict[tuple[str, int], int] = {}
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self, port: int = 0) -> None:
+        app = web.Application()
+        for api in ("leader_and_isr", "update_metadata", "stop_replica"):
+            app.router.add_post(f"/v1/{api}", self._handler(api))
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def _handler(self, api: str) -> Callable[[web.Request], Any]:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            body = decode_body(await request.read())
+            if self.fail_next > 0:
+                self.fail_next -= 1
+                raise web.HTTPServiceUnavailable(text="injected failure")
+            if body["controller_epoch"] < self.controller_epoch:
+                return web.Response(body=encode({"error": 11, "partitions": []}), content_type=CONTENT_TYPE)
+            self.controller_epoch = body["controller_epoch"]
+            self.received.append((api, body))
+            partitions = []
+            for ps in body.get("partition_states", []) if api == "leader_and_isr" else []:
+                key = (ps["topic"], ps["partition"])
+                error = 11 if ps["leader_epoch"] <= self.leader_epochs.get(key, -1) else 0
+                if not error:
+                    self.leader_epochs[key] = ps["leader_epoch"]
+                partitions.append({"topic": ps["topic"], "partition": ps["partition"], "error": error})
+            return web.Response(body=encode({"error": 0, "partitions": partitions}), content_type=CONTENT_TYPE)
+        return handle
+
+    def states(self, api: str = "leader_and_isr") -> list[dict[str, Any]]:
+        return [ps for a, body in self.received if a == api for ps in body.get("partition_states", [])]
+
+    def latest(self, topic: str, partition: int) -> dict[str, Any] | None:
+        found = [ps for ps in self.states() if (ps["topic"], ps["partition"]) == (topic, partition)]
+        return found[-1] if found else None
+
+
+async def eventually(cond: Callable[[], bool], *, timeout_s: float = 10.0, what: str = "condition") -> None:
+    """Poll ``cond`` (bounded in time and count) until it holds."""
+    for _ in range(int(timeout_s / 0.02)):
+        if cond():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -1,0 +1,333 @@
+"""The controller app against fake brokers (real aiohttp servers on 127.0.0.1 port 0)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from common.clock import ManualClock
+from common.config import controller_config
+from common.errors import ErrorCode
+from common.http import RpcClient
+from common.wire import CONTENT_TYPE, encode
+from controller.controller import Controller
+from controller.server import make_app
+from tests.controller.fakes import FakeBroker, eventually
+
+SESSION_MS = 1000
+CONFIG = {"broker.session.timeout.ms": SESSION_MS, "broker.heartbeat.interval.ms": 100,
+          "auto.leader.rebalance.enable": False}
+
+
+class Harness:
+    def __init__(self, data_dir: Path, clock: ManualClock, overrides: dict[str, Any] | None = None) -> None:
+        self.data_dir = data_dir
+        self.clock = clock
+        self.overrides = {**CONFIG, **(overrides or {})}
+        self.rpc = RpcClient(timeout_s=10)
+        self.brokers: dict[int, FakeBroker] = {}
+        self.epochs: dict[int, int] = {}
+        self.runner: web.AppRunner | None = None
+        self.controller: Controller | None = None
+        self.address = ""
+
+    async def start_controller(self) -> None:
+        self.controller = Controller(self.data_dir, controller_config(self.overrides), self.clock)
+        self.runner = web.AppRunner(make_app(self.controller), access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        self.address = f"127.0.0.1:{self.runner.addresses[0][1]}"
+
+    async def stop_controller(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+            self.runner = None
+
+    @property
+    def c(self) -> Controller:
+        assert self.controller is not None
+        return self.controller
+
+    async def call(self, api: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self.rpc.call(self.address, api, body)
+
+    async def add_broker(self, node_id: int) -> FakeBroker:
+        fb = FakeBroker(node_id)
+        await fb.start()
+        self.brokers[node_id] = fb
+        await self.register(node_id)
+        return fb
+
+    async def register(self, node_id: int) -> int:
+        fb = self.brokers[node_id]
+        resp = await self.call("broker_registration", {"node_id": node_id, "host": "127.0.0.1", "port": fb.port,
+                                                       "incarnation_id": f"inc-{node_id}-{fb.port}"})
+        assert resp["error"] == 0
+        self.epochs[node_id] = resp["broker_epoch"]
+        return int(resp["broker_epoch"])
+
+    async def heartbeat(self, node_id: int, want_shutdown: bool = False) -> dict[str, Any]:
+        return await self.call("broker_heartbeat", {"node_id": node_id, "broker_epoch": self.epochs[node_id],
+                                                    "want_shutdown": want_shutdown})
+
+    async def create(self, name: str, partitions: int, rf: int, configs: dict[str, Any] | None = None) -> int:
+        resp = await self.call("create_topics", {"topics": [{"name": name, "num_partitions": partitions,
+                                                             "replication_factor": rf, "configs": configs or {}}]})
+        return int(resp["topics"][0]["error"])
+
+    async def partition(self, topic: str, p: int) -> dict[str, Any]:
+        md = await self.call("metadata", {"topics": [topic]})
+        return next(x for x in md["topics"][0]["partitions"] if x["partition"] == p)
+
+    async def close(self) -> None:
+        await self.stop_controller()
+        for fb in self.brokers.values():
+            await fb.stop()
+        await self.rpc.close()
+
+
+@pytest.fixture
+async def h(tmp_path: Path) -> AsyncIterator[Harness]:
+    harness = Harness(tmp_path / "controller", ManualClock())
+    await harness.start_controller()
+    try:
+        yield harness
+    finally:
+        await harness.close()
+
+
+async def test_create_topic_sends_leader_and_isr_and_metadata(h: Harness) -> None:
+    for b in (1, 2, 3):
+        await h.add_broker(b)
+    assert await h.create("orders", 3, 3, {"min.insync.replicas": "2"}) == 0
+    md = await h.call("metadata", {"topics": None})
+    assert [b["node_id"] for b in md["brokers"]] == [1, 2, 3]
+    (topic,) = md["topics"]
+    assert topic["configs"]["min.insync.replicas"] == 2
+    leaders = sorted(p["leader"] for p in topic["partitions"])
+    assert leaders == [1, 2, 3], "preferred leaders spread evenly"
+    for p in topic["partitions"]:
+        assert p["isr"] == p["replicas"] and p["leader"] == p["replicas"][0] and p["leader_epoch"] == 0
+    for b, fb in h.brokers.items():
+        def told_all(fb: FakeBroker = fb) -> bool:
+            return len({(s["topic"], s["partition"]) for s in fb.states()}) == 3
+
+        def metadata_all(fb: FakeBroker = fb) -> bool:
+            return any(len(s["partition_states"]) == 3 for a, s in fb.received if a == "update_metadata")
+
+        await eventually(told_all, what=f"LeaderAndIsr at broker {b}")
+        assert all(s["is_new"] for s in fb.states())
+        await eventually(metadata_all, what="UpdateMetadata")
+        la = next(body for a, body in fb.received if a == "leader_and_isr")
+        assert la["broker_epoch"] == h.epochs[b] and la["controller_epoch"] == h.c.image.controller_epoch
+        assert la["topic_configs"]["orders"]["min.insync.replicas"] == 2
+
+
+async def test_create_topic_errors(h: Harness) -> None:
+    await h.add_broker(1)
+    assert await h.create("a", 1, 2) == ErrorCode.INVALID_REPLICATION_FACTOR
+    assert await h.create("a b", 1, 1) == ErrorCode.INVALID_TOPIC_EXCEPTION
+    assert await h.create("a", 1, 1) == 0
+    assert await h.create("a", 1, 1) == ErrorCode.TOPIC_ALREADY_EXISTS
+    assert await h.create("c", 1, 1, {"segment.bytes": "lots"}) == ErrorCode.INVALID_CONFIG
+    md = await h.call("metadata", {"topics": ["nope"]})
+    assert md["topics"][0]["error"] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+async def test_heartbeats_and_stale_epochs(h: Harness) -> None:
+    await h.add_broker(1)
+    first = h.epochs[1]
+    resp = await h.heartbeat(1)
+    assert resp == {"error": 0, "is_fenced": False, "should_shutdown": False, "heartbeat_interval_ms": 100}
+    second = await h.register(1)
+    assert second > first
+    stale = await h.call("broker_heartbeat", {"node_id": 1, "broker_epoch": first})
+    assert stale["error"] == ErrorCode.STALE_BROKER_EPOCH
+    unknown = await h.call("broker_heartbeat", {"node_id": 9, "broker_epoch": 1})
+    assert unknown["error"] == ErrorCode.BROKER_ID_NOT_REGISTERED
+    ap = await h.call("alter_partition", {"broker_id": 1, "broker_epoch": first, "topics": []})
+    assert ap["error"] == ErrorCode.STALE_BROKER_EPOCH
+
+
+async def test_silent_broker_is_fenced_and_leadership_moves(h: Harness) -> None:
+    for b in (1, 2, 3):
+        await h.add_broker(b)
+    assert await h.create("t", 1, 3) == 0
+    before = await h.partition("t", 0)
+    dead = before["leader"]
+    await h.brokers[dead].stop()  # it is gone: propagation to it must not block the others
+    h.clock.advance(SESSION_MS // 2)
+    for b in h.brokers:
+        if b != dead:
+            await h.heartbeat(b)
+    h.clock.advance(SESSION_MS // 2 + 1)
+    assert await h.c.check_liveness() == [dead]
+    after = await h.partition("t", 0)
+    assert after["leader"] == before["replicas"][1]
+    assert dead not in after["isr"] and after["leader_epoch"] == 1 and after["partition_epoch"] == 1
+    assert after["offline_replicas"] == [dead]
+    for b, fb in h.brokers.items():
+        if b != dead:
+            def told(fb: FakeBroker = fb) -> bool:
+                return bool((fb.latest("t", 0) or {}).get("leader_epoch") == 1)
+
+            await eventually(told, what=f"new LeaderAndIsr at {b}")
+    status = await h.rpc.get_json(h.address, "/v1/status")
+    assert {b["node_id"]: b["fenced"] for b in status["brokers"]} == {1: dead == 1, 2: dead == 2, 3: dead == 3}
+    metrics = await _metrics(h)
+    assert "minibroker_controller_fenced_brokers 1.0" in metrics
+    assert 'minibroker_controller_elections_total{reason="offline"} 1.0' in metrics
+
+
+async def test_all_isr_dead_goes_offline_then_unclean_elects(tmp_path: Path) -> None:
+    for unclean in (False, True):
+        h = Harness(tmp_path / f"c{unclean}", ManualClock())
+        await h.start_controller()
+        try:
+            for b in (1, 2):
+                await h.add_broker(b)
+            assert await h.create("t", 1, 2, {"unclean.leader.election.enable": str(unclean).lower()}) == 0
+            p = await h.partition("t", 0)
+            leader, follower = p["replicas"]
+            # the follower falls out of the ISR (the leader shrinks it), then the leader dies
+            resp = await h.call("alter_partition", {"broker_id": leader, "broker_epoch": h.epochs[leader], "topics": [
+                {"topic": "t", "partitions": [{"partition": 0, "leader_epoch": 0, "partition_epoch": 0,
+                                               "new_isr": [leader], "new_isr_broker_epochs": []}]}]})
+            assert resp["topics"][0]["partitions"][0]["error"] == 0
+            h.clock.advance(SESSION_MS // 2)
+            await h.heartbeat(follower)
+            h.clock.advance(SESSION_MS // 2 + 1)
+            assert await h.c.check_liveness() == [leader]
+            p = await h.partition("t", 0)
+            if unclean:
+                assert (p["leader"], p["isr"]) == (follower, [follower])
+                assert 'reason="unclean"' in await _metrics(h)
+            else:
+                assert (p["leader"], p["isr"], p["error"]) == (-1, [leader], ErrorCode.LEADER_NOT_AVAILABLE)
+                assert "minibroker_controller_offline_partitions 1.0" in await _metrics(h)
+        finally:
+            await h.close()
+
+
+async def test_alter_partition_over_http(h: Harness) -> None:
+    for b in (1, 2, 3):
+        await h.add_broker(b)
+    assert await h.create("t", 1, 3) == 0
+    p = await h.partition("t", 0)
+    leader, f1, f2 = p["replicas"]
+
+    async def alter(isr: list[int], *, le: int = 0, pe: int, epochs: list[dict[str, int]] | None = None,
+                    broker: int = leader) -> dict[str, Any]:
+        resp = await h.call("alter_partition", {"broker_id": broker, "broker_epoch": h.epochs[broker], "topics": [
+            {"topic": "t", "partitions": [{"partition": 0, "leader_epoch": le, "partition_epoch": pe,
+                                           "new_isr": isr, "new_isr_broker_epochs": epochs or []}]}]})
+        assert resp["error"] == 0
+        return dict(resp["topics"][0]["partitions"][0])
+
+    shrunk = await alter([leader, f1], pe=0)
+    assert shrunk == {"partition": 0, "error": 0, "leader": leader, "leader_epoch": 0, "isr": [leader, f1],
+                      "partition_epoch": 1}
+    assert (await alter([leader], pe=0))["error"] == ErrorCode.INVALID_UPDATE_VERSION
+    assert (await alter([leader], le=3, pe=1))["error"] == ErrorCode.FENCED_LEADER_EPOCH
+    assert (await alter([f1], pe=1, broker=f1))["error"] == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    stale = [{"broker_id": f2, "broker_epoch": h.epochs[f2] - 100}]
+    assert (await alter([leader, f1, f2], pe=1, epochs=stale))["error"] == ErrorCode.INELIGIBLE_REPLICA
+    good = [{"broker_id": f2, "broker_epoch": h.epochs[f2]}]
+    assert (await alter([leader, f1, f2], pe=1, epochs=good))["isr"] == [leader, f1, f2]
+    # an ISR change the leader asked for reaches the others through UpdateMetadata, not LeaderAndIsr
+    fb = h.brokers[f2]
+    await eventually(lambda: any(s["partition_epoch"] == 2 for s in fb.states("update_metadata")),
+                     what="UpdateMetadata with the new ISR")
+    assert all(s["leader_epoch"] == 0 for s in fb.states())
+    # a new incarnation of f2 leaves the ISR; its old epoch cannot bring it back
+    old = h.epochs[f2]
+    await h.register(f2)
+    p = await h.partition("t", 0)
+    assert f2 not in p["isr"] and p["leader_epoch"] == 1
+    stale = [{"broker_id": f2, "broker_epoch": old}]
+    assert (await alter([leader, f1, f2], le=1, pe=p["partition_epoch"], epochs=stale))["error"] == \
+        ErrorCode.INELIGIBLE_REPLICA
+
+
+async def test_controlled_shutdown(h: Harness) -> None:
+    for b in (1, 2):
+        await h.add_broker(b)
+    assert await h.create("t", 2, 2) == 0
+    resp = await h.call("controlled_shutdown", {"node_id": 1, "broker_epoch": h.epochs[1]})
+    assert resp == {"error": 0, "remaining_partitions": []}
+    for p in (0, 1):
+        part = await h.partition("t", p)
+        assert part["leader"] == 2 and part["isr"] == [2]
+        assert part["leader_epoch"] == 1  # a leader change, or an ISR change made by the controller
+    hb = await h.heartbeat(1, want_shutdown=True)
+    assert hb["should_shutdown"] and hb["is_fenced"]
+    # now 2 is the only ISR member of everything: its shutdown cannot move anything
+    resp = await h.call("controlled_shutdown", {"node_id": 2, "broker_epoch": h.epochs[2]})
+    assert sorted(r["partition"] for r in resp["remaining_partitions"]) == [0, 1]
+    assert not (await h.heartbeat(2, want_shutdown=True))["should_shutdown"]
+
+
+async def test_restart_keeps_metadata_and_bumps_epoch(h: Harness) -> None:
+    for b in (1, 2):
+        await h.add_broker(b)
+    assert await h.create("t", 2, 2) == 0
+    before = await h.call("metadata", {"topics": None})
+    epoch = int(before["controller_epoch"])
+    await h.stop_controller()
+    await h.start_controller()
+    after = await h.call("metadata", {"topics": None})
+    assert after["controller_epoch"] == epoch + 1
+    assert after["topics"] == before["topics"] and after["brokers"] == before["brokers"]
+    # brokers are alive until the session timeout, and hear from the new controller epoch
+    for fb in h.brokers.values():
+        def new_epoch(fb: FakeBroker = fb) -> bool:
+            return fb.controller_epoch == epoch + 1
+
+        await eventually(new_epoch, what="the new controller epoch")
+    assert (await h.heartbeat(1))["error"] == 0
+    h.clock.advance(SESSION_MS + 1)
+    assert await h.c.check_liveness() == [1, 2]
+
+
+async def test_propagation_retries_until_acknowledged(h: Harness) -> None:
+    fb = await h.add_broker(1)
+    await eventually(lambda: any(a == "update_metadata" for a, _ in fb.received), what="first sync")
+    fb.fail_next = 3
+    assert await h.create("t", 1, 1) == 0
+    await eventually(lambda: fb.latest("t", 0) is not None, what="LeaderAndIsr after failures")
+    assert h.c.propagator.senders()[1].failures >= 1
+
+
+async def test_delete_topic_sends_stop_replica(h: Harness) -> None:
+    fb = await h.add_broker(1)
+    assert await h.create("t", 2, 1) == 0
+    resp = await h.call("delete_topics", {"topics": ["t", "nope"]})
+    assert [t["error"] for t in resp["topics"]] == [0, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION]
+    await eventually(lambda: any(a == "stop_replica" for a, _ in fb.received), what="StopReplica")
+    stop = next(body for a, body in fb.received if a == "stop_replica")
+    assert sorted(p["partition"] for p in stop["partitions"]) == [0, 1] and all(p["delete"] for p in stop["partitions"])
+    await eventually(lambda: any("t" in body.get("deleted_topics", []) for a, body in fb.received
+                                 if a == "update_metadata"), what="deleted_topics")
+    assert (await h.call("metadata", {"topics": None}))["topics"] == []
+    assert await h.create("t", 1, 1) == 0  # the name can be used again
+
+
+@pytest.mark.parametrize("api", ["broker_registration", "broker_heartbeat", "alter_partition", "create_topics",
+                                 "controlled_shutdown", "delete_topics", "metadata"])
+@pytest.mark.parametrize("body", [b"\xc1", encode([1, 2]), encode({"node_id": "x", "topics": 5, "broker_id": True})])
+async def test_bad_bodies_are_400(h: Harness, api: str, body: bytes) -> None:
+    async with aiohttp.ClientSession() as session, session.post(
+            f"http://{h.address}/v1/{api}", data=body, headers={"Content-Type": CONTENT_TYPE}) as resp:
+        assert resp.status == 400, await resp.text()
+        assert api in await resp.text()
+    assert h.c.image.topics == {} and h.c.image.brokers == {}
+
+
+async def _metrics(h: Harness) -> str:
+    async with aiohttp.ClientSession() as session, session.get(f"http://{h.address}/metrics") as resp:
+        return await resp.text()
