@@ -1,8 +1,25 @@
 """Asyncio producer, consumer and admin client.
 
-    from client import Producer, Consumer, TopicPartition
+A few lines from plain Python (``BOOTSTRAP`` is any broker, e.g. "127.0.0.1:9091")::
 
-Names are imported lazily (PEP 562), so ``import client.partitioner`` stays light.
+    import asyncio
+    from client import Consumer, Producer
+
+    async def main() -> None:
+        async with Producer(BOOTSTRAP, acks="all") as producer:
+            meta = await producer.send_and_wait("events", b"hello", key=b"user-1")
+            print("written at", meta.partition, meta.offset)
+        async with Consumer(BOOTSTRAP, auto_offset_reset="earliest") as consumer:
+            await consumer.assign_topic("events")
+            for record in await consumer.poll(timeout_ms=2000):
+                print(record.partition, record.offset, record.key, record.value)
+
+    asyncio.run(main())
+
+``Producer.send`` returns a ``DeliveryFuture`` at once (await it for
+``RecordMetadata`` or a typed error); ``Consumer`` has ``assign``, ``seek``,
+``position`` and ``poll``. Names are imported lazily (PEP 562), so
+``import client.partitioner`` stays light.
 """
 
 from __future__ import annotations

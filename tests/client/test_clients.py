@@ -212,3 +212,16 @@ async def test_concurrent_senders_all_delivered(fake: FakeCluster) -> None:
     for offsets in results:
         assert offsets == sorted(offsets) and len(set(offsets)) == 100  # one key: one partition, in order
     assert sum(p.log_end_offset for p in fake.partitions.values()) == 800
+
+
+async def test_the_package_docstring_example_runs(fake: FakeCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    import client
+
+    doc = client.__doc__ or ""
+    code = "\n".join(line[4:] for line in doc.split("::\n", 1)[1].split("\n\n``Producer.send``")[0].splitlines())
+    code = code.replace("asyncio.run(main())", "")
+    scope: dict[str, object] = {"BOOTSTRAP": fake.bootstrap}
+    exec(compile(code, "client-docstring", "exec"), scope)
+    await scope["main"]()  # type: ignore[operator]
+    out = capsys.readouterr().out
+    assert "written at" in out and "b'user-1' b'hello'" in out
