@@ -1,0 +1,190 @@
+"""Pure partition state: role, epochs, ISR, high watermark and the leader's view of its followers.
+
+No I/O and no clock: every function takes the times and offsets it needs and
+returns a new frozen value (Kafka's ``Partition`` without the log and locks).
+
+Rules (DESIGN.md "Replication"; Kafka ``Partition.scala``):
+
+- HW = min LEO over the *maximal* ISR (the committed ISR plus additions that
+  were requested but not yet committed) and the leader's own LEO; the HW
+  never moves back.
+- A follower is *caught up* at a fetch when its fetch offset reaches the
+  leader's LEO, or the LEO the leader had at the follower's previous fetch
+  (Kafka's ``lastCaughtUpTimeMs`` rule).
+- ISR expansion candidate: not in the maximal ISR, LEO >= HW and LEO >= the
+  start offset of the current leader epoch.
+- ISR shrink candidate: in the ISR (not the leader), LEO behind the leader and
+  not caught up for ``replica.lag.time.max.ms``. Shrinks are applied only when
+  the controller commits them, so until then the HW still waits for them.
+- One ISR change in flight per partition (``pending``).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+
+class Role(enum.Enum):
+    NONE = "none"
+    LEADER = "leader"
+    FOLLOWER = "follower"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaState:
+    """The leader's view of one follower."""
+
+    broker_id: int
+    log_end_offset: int = -1
+    log_start_offset: int = -1
+    last_fetch_ms: int = -1
+    last_fetch_leader_leo: int = -1
+    last_caught_up_ms: int = -1
+    broker_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class PendingIsrChange:
+    """An AlterPartition sent and not yet answered."""
+
+    new_isr: tuple[int, ...]
+    is_expand: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    broker_id: int
+    role: Role = Role.NONE
+    leader: int = -1
+    leader_epoch: int = -1
+    partition_epoch: int = -1
+    isr: tuple[int, ...] = ()
+    replicas: tuple[int, ...] = ()
+    high_watermark: int = 0
+    leader_epoch_start_offset: int = -1
+    pending: PendingIsrChange | None = None
+    followers: tuple[ReplicaState, ...] = ()
+
+    @property
+    def maximal_isr(self) -> frozenset[int]:
+        """ISR plus pending additions (a pending shrink still counts its outgoing replica)."""
+        if self.pending is None:
+            return frozenset(self.isr)
+        return frozenset(self.isr) | frozenset(self.pending.new_isr)
+
+    def follower(self, broker_id: int) -> ReplicaState | None:
+        for r in self.followers:
+            if r.broker_id == broker_id:
+                return r
+        return None
+
+
+def become_leader(state: PartitionState, *, leader_epoch: int, partition_epoch: int, isr: tuple[int, ...],
+                  replicas: tuple[int, ...], leader_end_offset: int, high_watermark: int,
+                  now_ms: int) -> PartitionState:
+    """Kafka ``makeLeader``: fresh follower states; ISR members count as caught up now."""
+    followers = tuple(
+        ReplicaState(broker_id=b, last_caught_up_ms=now_ms if b in isr else -1)
+        for b in replicas if b != state.broker_id
+    )
+    epoch_changed = leader_epoch != state.leader_epoch or state.role is not Role.LEADER
+    start = leader_end_offset if epoch_changed else state.leader_epoch_start_offset
+    return replace(state, role=Role.LEADER, leader=state.broker_id, leader_epoch=leader_epoch,
+                   partition_epoch=partition_epoch, isr=isr, replicas=replicas,
+                   high_watermark=min(high_watermark, leader_end_offset),
+                   leader_epoch_start_offset=start, pending=None, followers=followers)
+
+
+def become_follower(state: PartitionState, *, leader: int, leader_epoch: int, partition_epoch: int,
+                    isr: tuple[int, ...], replicas: tuple[int, ...], log_end_offset: int) -> PartitionState:
+    return replace(state, role=Role.FOLLOWER, leader=leader, leader_epoch=leader_epoch,
+                   partition_epoch=partition_epoch, isr=isr, replicas=replicas,
+                   high_watermark=min(state.high_watermark, log_end_offset),
+                   leader_epoch_start_offset=-1, pending=None, followers=())
+
+
+def update_follower(state: PartitionState, *, broker_id: int, fetch_offset: int, log_start_offset: int,
+                    now_ms: int, leader_end_offset: int, broker_epoch: int) -> PartitionState:
+    """Record a follower fetch (Kafka ``Replica.updateFetchState``)."""
+    old = state.follower(broker_id)
+    assert old is not None, "caller checks the follower is a replica"
+    caught_up = old.last_caught_up_ms
+    if fetch_offset >= leader_end_offset:
+        caught_up = max(caught_up, now_ms)
+    elif fetch_offset >= old.last_fetch_leader_leo and old.last_fetch_ms >= 0:
+        caught_up = max(caught_up, old.last_fetch_ms)
+    new = replace(old, log_end_offset=fetch_offset, log_start_offset=log_start_offset, last_fetch_ms=now_ms,
+                  last_fetch_leader_leo=leader_end_offset, last_caught_up_ms=caught_up, broker_epoch=broker_epoch)
+    followers = tuple(new if r.broker_id == broker_id else r for r in state.followers)
+    return replace(state, followers=followers)
+
+
+def compute_high_watermark(state: PartitionState, leader_end_offset: int) -> int:
+    """min LEO over the maximal ISR (leader included); never below the current HW."""
+    candidate = leader_end_offset
+    members = state.maximal_isr
+    for r in state.followers:
+        if r.broker_id in members:
+            candidate = min(candidate, max(r.log_end_offset, 0))
+    return max(state.high_watermark, candidate)
+
+
+def advance_high_watermark(state: PartitionState, leader_end_offset: int) -> PartitionState:
+    hw = compute_high_watermark(state, leader_end_offset)
+    return state if hw == state.high_watermark else replace(state, high_watermark=hw)
+
+
+def follower_high_watermark(state: PartitionState, *, log_end_offset: int, leader_high_watermark: int) -> int:
+    """Follower HW = min(local LEO, leader HW); it does not move back (except by truncation)."""
+    return max(state.high_watermark, min(log_end_offset, leader_high_watermark))
+
+
+def expansion_candidates(state: PartitionState) -> tuple[int, ...]:
+    """Followers that may join the ISR now (Kafka ``isFollowerInSync`` + epoch start check)."""
+    if state.role is not Role.LEADER:
+        return ()
+    members = state.maximal_isr
+    return tuple(
+        r.broker_id for r in state.followers
+        if r.broker_id not in members
+        and r.log_end_offset >= state.high_watermark
+        and r.log_end_offset >= state.leader_epoch_start_offset
+    )
+
+
+def shrink_candidates(state: PartitionState, *, now_ms: int, leader_end_offset: int,
+                      replica_lag_time_max_ms: int) -> tuple[int, ...]:
+    """ISR followers that have not caught up for the lag time (Kafka ``getOutOfSyncReplicas``)."""
+    if state.role is not Role.LEADER:
+        return ()
+    out = []
+    for r in state.followers:
+        if r.broker_id not in state.isr:
+            continue
+        if r.log_end_offset != leader_end_offset and now_ms - r.last_caught_up_ms > replica_lag_time_max_ms:
+            out.append(r.broker_id)
+    return tuple(out)
+
+
+def next_isr_change(state: PartitionState, *, now_ms: int, leader_end_offset: int,
+                    replica_lag_time_max_ms: int) -> PendingIsrChange | None:
+    """The AlterPartition to send now, if any (none while one is in flight). Expansion first."""
+    if state.role is not Role.LEADER or state.pending is not None:
+        return None
+    grow = expansion_candidates(state)
+    if grow:
+        return PendingIsrChange(new_isr=(*state.isr, *grow), is_expand=True)
+    shrink = shrink_candidates(state, now_ms=now_ms, leader_end_offset=leader_end_offset,
+                               replica_lag_time_max_ms=replica_lag_time_max_ms)
+    if shrink:
+        return PendingIsrChange(new_isr=tuple(b for b in state.isr if b not in shrink), is_expand=False)
+    return None
+
+
+def isr_change_committed(state: PartitionState, *, leader_epoch: int, isr: tuple[int, ...],
+                         partition_epoch: int) -> PartitionState:
+    """The controller accepted an AlterPartition: apply its answer if it is newer."""
+    if leader_epoch != state.leader_epoch or partition_epoch < state.partition_epoch:
+        return replace(state, pending=None)
+    return replace(state, isr=isr, partition_epoch=partition_epoch, pending=None)
