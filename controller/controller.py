@@ -168,11 +168,12 @@ class Controller:
 
     def _propagate(self, plan: ops.Plan, old_topics: set[str],
                    old_partitions: dict[TopicPartition, Any]) -> None:
-        """LeaderAndIsr to the replicas of partitions whose leader epoch moved; UpdateMetadata to all."""
+        """LeaderAndIsr to the replicas of changed partitions (unless the leader asked for the change);
+        UpdateMetadata to every live broker."""
         lai: dict[int, list[TopicPartition]] = {}
         new_tps: set[TopicPartition] = set()
         for c in plan.changes:
-            if c.old is not None and c.old.leader_epoch == c.new.leader_epoch:
+            if c.requested_by_leader:
                 continue  # an ISR change the leader asked for: UpdateMetadata only (Kafka)
             if c.old is None:
                 new_tps.add(c.tp)

@@ -5,13 +5,14 @@ records to commit (one journal frame) and what to answer. The shell
 (controller/controller.py) commits the records, applies them to the image, then
 answers and propagates. Nothing here does I/O or reads the clock.
 
-Epoch rules (DESIGN.md): every leader change bumps leader_epoch; every change of
-a partition bumps partition_epoch. Where the *controller* changes an ISR
-(fencing, controlled shutdown, a new incarnation) it also bumps leader_epoch,
-as Kafka's ZooKeeper controller does in ``removeReplicasFromIsr``: brokers learn
-these changes through LeaderAndIsr, which they accept only with a newer leader
-epoch. ISR changes the leader asked for (AlterPartition) keep the leader epoch,
-as in Kafka: the leader already knows, the others learn from UpdateMetadata.
+Epoch rules (DESIGN.md, KRaft's ``PartitionChangeBuilder``): every leader change
+bumps leader_epoch; every change of a partition (leader or ISR) bumps
+partition_epoch. An ISR change without a leader change keeps the leader epoch,
+so a leader's in-flight acks=all produces are not failed by a follower being
+fenced. Brokers accept a LeaderAndIsr with the same leader epoch and a newer
+partition epoch as an ISR update (broker/replica_manager.py ``_is_newer``).
+ISR changes the leader asked for (AlterPartition) are not sent back to it as
+LeaderAndIsr (it learns them from the answer); every broker gets UpdateMetadata.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class LeaderChange:
     old: PartitionState | None
     new: PartitionState
     reason: ElectionReason
+    requested_by_leader: bool = False  # AlterPartition: the leader knows already
 
     @property
     def leader_changed(self) -> bool:
@@ -62,9 +64,9 @@ class Plan:
     changes: list[LeaderChange] = field(default_factory=list)
 
     def change(self, tp: TopicPartition, old: PartitionState | None, new: PartitionState,
-               reason: ElectionReason) -> None:
+               reason: ElectionReason, *, requested_by_leader: bool = False) -> None:
         self.records.append(PartitionRecord.of(tp, new))
-        self.changes.append(LeaderChange(tp, old, new, reason))
+        self.changes.append(LeaderChange(tp, old, new, reason, requested_by_leader))
 
 
 def unclean_enabled(image: MetadataImage, topic: str, default: bool) -> bool:
@@ -73,7 +75,9 @@ def unclean_enabled(image: MetadataImage, topic: str, default: bool) -> bool:
 
 
 def _bumped(st: PartitionState, leader: int, isr: tuple[int, ...]) -> PartitionState:
-    return PartitionState(st.replicas, isr, leader, st.leader_epoch + 1, st.partition_epoch + 1)
+    """The next state: partition epoch always +1, leader epoch +1 only when the leader changes."""
+    leader_epoch = st.leader_epoch + 1 if leader != st.leader else st.leader_epoch
+    return PartitionState(st.replicas, isr, leader, leader_epoch, st.partition_epoch + 1)
 
 
 def _reason(st: PartitionState, election: rules.Election, default: ElectionReason) -> ElectionReason:
@@ -298,6 +302,6 @@ def alter_partition(image: MetadataImage, broker_id: int, items: Sequence[AlterI
             results.append(AlterResult(item.tp, ErrorCode.NONE, st))
             continue
         new = PartitionState(st.replicas, item.new_isr, st.leader, st.leader_epoch, st.partition_epoch + 1)
-        plan.change(item.tp, st, new, ElectionReason.ISR_CHANGE)
+        plan.change(item.tp, st, new, ElectionReason.ISR_CHANGE, requested_by_leader=True)
         results.append(AlterResult(item.tp, ErrorCode.NONE, new))
     return plan, results

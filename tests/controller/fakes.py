@@ -19,7 +19,7 @@ class FakeBroker:
         self.received: list[tuple[str, dict[str, Any]]] = []
         self.fail_next = 0  # answer this many requests with a closed connection
         self.controller_epoch = -1
-        self.leader_epochs: dict[tuple[str, int], int] = {}
+        self.epochs: dict[tuple[str, int], tuple[int, int]] = {}  # (leader_epoch, partition_epoch)
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -51,9 +51,10 @@ class FakeBroker:
             partitions = []
             for ps in body.get("partition_states", []) if api == "leader_and_isr" else []:
                 key = (ps["topic"], ps["partition"])
-                error = 11 if ps["leader_epoch"] <= self.leader_epochs.get(key, -1) else 0
+                new = (ps["leader_epoch"], ps["partition_epoch"])
+                error = 11 if new <= self.epochs.get(key, (-1, -1)) else 0  # the broker's _is_newer
                 if not error:
-                    self.leader_epochs[key] = ps["leader_epoch"]
+                    self.epochs[key] = new
                 partitions.append({"topic": ps["topic"], "partition": ps["partition"], "error": error})
             return web.Response(body=encode({"error": 0, "partitions": partitions}), content_type=CONTENT_TYPE)
         return handle

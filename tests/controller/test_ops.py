@@ -35,7 +35,7 @@ def test_fencing_a_leader_elects_the_next_isr_member_and_bumps_epochs() -> None:
     image = applied(image, plan)
     assert image.brokers[1].fenced
     assert image.partitions[TP0] == PartitionState((1, 2, 3), (2, 3), 2, 5, 10)
-    assert image.partitions[TP1] == PartitionState((2, 3, 1), (2, 3), 2, 1, 1)  # follower left: ISR change
+    assert image.partitions[TP1] == PartitionState((2, 3, 1), (2, 3), 2, 0, 1)  # follower left: ISR change
     reasons = {c.tp: c.reason for c in plan.changes}
     assert reasons == {TP0: ElectionReason.OFFLINE, TP1: ElectionReason.ISR_CHANGE}
 
@@ -67,7 +67,7 @@ def test_new_incarnation_leaves_every_isr_and_gets_a_larger_epoch() -> None:
     image = applied(image, plan)
     assert image.brokers[1].broker_epoch == 4 and image.brokers[1].port == 9011
     assert image.partitions[TP0] == PartitionState((1, 2, 3), (2, 3), 2, 1, 1)
-    assert image.partitions[TP1] == PartitionState((2, 1), (2,), 2, 1, 1)
+    assert image.partitions[TP1] == PartitionState((2, 1), (2,), 2, 0, 1)
     # the sole ISR member keeps leading (the ISR never empties)
     assert image.partitions[TopicPartition("t", 2)] == PartitionState((1, 3), (1,), 1, 2, 2)
 

@@ -248,9 +248,11 @@ async def test_alter_partition_over_http(h: Harness) -> None:
     old = h.epochs[f2]
     await h.register(f2)
     p = await h.partition("t", 0)
-    assert f2 not in p["isr"] and p["leader_epoch"] == 1
+    assert f2 not in p["isr"] and p["leader_epoch"] == 0 and p["partition_epoch"] == 3
+    await eventually(lambda: (fb.latest("t", 0) or {}).get("partition_epoch") == 3,
+                     what="LeaderAndIsr for an ISR change made by the controller")
     stale = [{"broker_id": f2, "broker_epoch": old}]
-    assert (await alter([leader, f1, f2], le=1, pe=p["partition_epoch"], epochs=stale))["error"] == \
+    assert (await alter([leader, f1, f2], le=0, pe=p["partition_epoch"], epochs=stale))["error"] == \
         ErrorCode.INELIGIBLE_REPLICA
 
 
@@ -263,7 +265,7 @@ async def test_controlled_shutdown(h: Harness) -> None:
     for p in (0, 1):
         part = await h.partition("t", p)
         assert part["leader"] == 2 and part["isr"] == [2]
-        assert part["leader_epoch"] == 1  # a leader change, or an ISR change made by the controller
+        assert part["partition_epoch"] == 1
     hb = await h.heartbeat(1, want_shutdown=True)
     assert hb["should_shutdown"] and hb["is_fenced"]
     # now 2 is the only ISR member of everything: its shutdown cannot move anything
