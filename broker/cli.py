@@ -1,10 +1,58 @@
-"""Subcommands contributed by this package (see ``cli.main``)."""
+"""Subcommands contributed by this package (see ``cli.main``): ``broker`` and ``perf broker``."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+from pathlib import Path
 from typing import Any
 
 
 def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAction[Any]) -> None:
-    """No subcommands yet."""
+    p = sub.add_parser("broker", help="run one broker process",
+                       description="Run a broker: aiohttp server, replica manager, fetchers, controller link.")
+    p.add_argument("--node-id", type=int, required=True)
+    p.add_argument("--listen", required=True, metavar="HOST:PORT", help="port 0 binds a free port")
+    p.add_argument("--controller", required=True, metavar="HOST:PORT")
+    p.add_argument("--data-dir", required=True, type=Path)
+    p.add_argument("--advertise", metavar="HOST:PORT", help="address given to the controller (default: listen)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="broker config override")
+    p.set_defaults(func=_run_broker)
+
+    b = perf.add_parser("broker", help="produce to one broker vs a bare aiohttp server",
+                        description="One partition, acks=1, batches of N x S-byte records over keep-alive HTTP; "
+                                    "the same client against a bare aiohttp server in the same run.")
+    b.add_argument("--requests", type=int, default=3000, help="produce requests per target")
+    b.add_argument("--records", type=int, default=1000, help="records per batch")
+    b.add_argument("--record-size", type=int, default=100)
+    b.add_argument("--concurrency", type=int, default=4, help="requests in flight")
+    b.add_argument("--data-dir", type=Path, default=None, help="broker data dir (default: a temp dir)")
+    b.set_defaults(func=_run_perf)
+
+
+def _run_broker(args: argparse.Namespace) -> int:
+    from broker.process import BrokerOptions, DataDirError, parse_host_port, run
+    from cli.main import CliError
+    from common.config import broker_config, parse_assignments
+    from common.logging import configure
+
+    if args.node_id < 0:
+        raise CliError(f"--node-id must be >= 0, got {args.node_id}")
+    config = broker_config(parse_assignments(args.set))
+    try:
+        host, port = parse_host_port(args.listen, "--listen")
+        parse_host_port(args.controller, "--controller")
+        advertise = parse_host_port(args.advertise, "--advertise") if args.advertise else None
+        opts = BrokerOptions(args.node_id, host, port, args.controller, args.data_dir, advertise, config)
+        configure("broker", args.node_id)
+        return int(asyncio.run(run(opts)))
+    except DataDirError as exc:
+        raise CliError(str(exc)) from None
+    except OSError as exc:
+        raise CliError(f"broker: {exc}") from None
+
+
+def _run_perf(args: argparse.Namespace) -> int:
+    from broker.bench import run_perf
+
+    return int(run_perf(args))

@@ -1,0 +1,164 @@
+"""The broker's side of the controller link: registration, heartbeats, AlterPartition, controlled shutdown.
+
+Small on purpose. One incarnation id (uuid4) per process; every registration
+gets a new broker epoch from the controller, which the replica manager uses in
+follower fetches and AlterPartition. If the controller is unreachable the
+broker keeps serving (it has no leadership until a LeaderAndIsr arrives) and
+keeps retrying, bounded per attempt by ``replica.socket.timeout.ms``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from typing import Any
+
+from broker.replica_manager import AlterResult, ReplicaManager
+from common.clock import Clock
+from common.config import Config
+from common.errors import ErrorCode
+from common.http import RpcClient, RpcError
+from common.logging import get_logger
+from common.wire import TopicPartition
+
+log = get_logger("broker")
+
+RETRY_BACKOFF_S = 0.2
+
+
+class ControllerLink:
+    def __init__(self, rm: ReplicaManager, controller: str, host: str, port: int, config: Config,
+                 clock: Clock) -> None:
+        self._rm = rm
+        self._controller = controller
+        self._host = host
+        self._port = port
+        self._config = config
+        self._clock = clock
+        self.incarnation_id = str(uuid.uuid4())
+        timeout_s = config.get_int("replica.socket.timeout.ms") / 1000
+        self._rpc = RpcClient(limit_per_host=4, timeout_s=timeout_s)
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.registered = asyncio.Event()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._rpc.close()
+
+    async def _run(self) -> None:
+        interval_s = self._config.get_int("broker.heartbeat.interval.ms") / 1000
+        while not self._closed:
+            if self._rm.broker_epoch < 0:
+                await self._register()
+            else:
+                await self._heartbeat()
+            await asyncio.sleep(interval_s if self._rm.broker_epoch >= 0 else RETRY_BACKOFF_S * 5)
+
+    async def _register(self) -> None:
+        body = {"node_id": self._rm.broker_id, "host": self._host, "port": self._port,
+                "incarnation_id": self.incarnation_id}
+        try:
+            resp = await self._rpc.call(self._controller, "broker_registration", body)
+        except RpcError as exc:
+            log.warning("registration_failed", broker_id=self._rm.broker_id, controller=self._controller,
+                        error=str(exc))
+            return
+        error = ErrorCode.of(_int(resp, "error"))
+        epoch = _int(resp, "broker_epoch")
+        if error is not ErrorCode.NONE or epoch < 0:
+            log.warning("registration_refused", broker_id=self._rm.broker_id, error=error.name)
+            return
+        self._rm.broker_epoch = epoch
+        self.registered.set()
+        log.info("broker_registered", broker_id=self._rm.broker_id, broker_epoch=epoch,
+                 incarnation_id=self.incarnation_id)
+
+    async def _heartbeat(self, want_shutdown: bool = False) -> dict[str, Any] | None:
+        body = {"node_id": self._rm.broker_id, "broker_epoch": self._rm.broker_epoch, "want_shutdown": want_shutdown}
+        try:
+            resp = await self._rpc.call(self._controller, "broker_heartbeat", body)
+        except RpcError as exc:
+            log.warning("heartbeat_failed", broker_id=self._rm.broker_id, error=str(exc))
+            return None
+        error = ErrorCode.of(_int(resp, "error"))
+        if error in (ErrorCode.STALE_BROKER_EPOCH, ErrorCode.BROKER_ID_NOT_REGISTERED):
+            log.warning("heartbeat_stale_epoch", broker_id=self._rm.broker_id, broker_epoch=self._rm.broker_epoch)
+            self._rm.broker_epoch = -1
+            self.registered.clear()
+        return resp
+
+    async def alter_partition(self, tp: TopicPartition, leader_epoch: int, partition_epoch: int,
+                              new_isr: tuple[int, ...], broker_epochs: dict[int, int]) -> AlterResult:
+        """Send one AlterPartition; retry connection failures (bounded by request.timeout.ms)."""
+        body = {
+            "broker_id": self._rm.broker_id, "broker_epoch": self._rm.broker_epoch,
+            "topics": [{"topic": tp.topic, "partitions": [{
+                "partition": tp.partition, "leader_epoch": leader_epoch, "partition_epoch": partition_epoch,
+                "new_isr": list(new_isr),
+                "new_isr_broker_epochs": [{"broker_id": b, "broker_epoch": e} for b, e in broker_epochs.items()],
+            }]}],
+        }
+        deadline = self._clock.monotonic_ms() + self._config.get_int("request.timeout.ms")
+        while not self._closed:
+            try:
+                resp = await self._rpc.call(self._controller, "alter_partition", body)
+                return _alter_result(resp, tp)
+            except RpcError as exc:
+                if self._clock.monotonic_ms() >= deadline:
+                    log.warning("alter_partition_gave_up", topic=tp.topic, partition=tp.partition, error=str(exc))
+                    break
+                await asyncio.sleep(RETRY_BACKOFF_S)
+        return AlterResult(ErrorCode.REQUEST_TIMED_OUT)
+
+    async def controlled_shutdown(self) -> bool:
+        """Ask the controller to move leadership away; bounded by controlled.shutdown.max.wait.ms."""
+        if self._rm.broker_epoch < 0 or not self._config.get_bool("controlled.shutdown.enable"):
+            return False
+        deadline = self._clock.monotonic_ms() + self._config.get_int("controlled.shutdown.max.wait.ms")
+        body = {"node_id": self._rm.broker_id, "broker_epoch": self._rm.broker_epoch}
+        while self._clock.monotonic_ms() < deadline:
+            remaining_ms = deadline - self._clock.monotonic_ms()
+            try:
+                resp = await self._rpc.call(self._controller, "controlled_shutdown", body,
+                                            timeout_s=max(0.1, remaining_ms / 1000))
+            except RpcError as exc:
+                log.warning("controlled_shutdown_failed", broker_id=self._rm.broker_id, error=str(exc))
+                return False
+            remaining = resp.get("remaining_partitions") or []
+            if _int(resp, "error") == 0 and not remaining:
+                log.info("controlled_shutdown_done", broker_id=self._rm.broker_id)
+                return True
+            await asyncio.sleep(RETRY_BACKOFF_S)
+        log.warning("controlled_shutdown_timed_out", broker_id=self._rm.broker_id)
+        return False
+
+
+def _int(obj: dict[str, Any], name: str, default: int = -1) -> int:
+    value = obj.get(name, default)
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _alter_result(resp: dict[str, Any], tp: TopicPartition) -> AlterResult:
+    top = ErrorCode.of(_int(resp, "error", 0))
+    if top is not ErrorCode.NONE:
+        return AlterResult(top)
+    for t in resp.get("topics") or []:
+        if not isinstance(t, dict) or t.get("topic") != tp.topic:
+            continue
+        for p in t.get("partitions") or []:
+            if isinstance(p, dict) and p.get("partition") == tp.partition:
+                isr = p.get("isr") or []
+                if not all(isinstance(b, int) for b in isr):
+                    return AlterResult(ErrorCode.UNKNOWN_SERVER_ERROR)
+                return AlterResult(ErrorCode.of(_int(p, "error", 0)), _int(p, "leader_epoch"), tuple(isr),
+                                   _int(p, "partition_epoch"))
+    return AlterResult(ErrorCode.UNKNOWN_SERVER_ERROR)

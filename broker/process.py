@@ -1,0 +1,160 @@
+"""One broker process: data dir, log manager, replica manager, fetchers, HTTP server, controller link.
+
+Start-up: check/write ``meta.properties`` (refuse another node's data dir),
+load the logs, listen, write ``<data-dir>/endpoint`` and ``<data-dir>/pid``,
+register with the controller. The broker starts with no leadership.
+
+SIGTERM/SIGINT: controlled shutdown (bounded), stop heartbeats, answer every
+waiting request (retriable error), stop accepting and finish in-flight
+requests, stop fetchers, write checkpoints, close logs; exit status 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from broker.controller_link import ControllerLink
+from broker.metadata_cache import MetadataCache
+from broker.metrics import BrokerMetrics
+from broker.replica_manager import ReplicaManager
+from broker.server import build_app
+from common.clock import Clock, SystemClock
+from common.config import Config
+from common.logging import get_logger
+
+log = get_logger("broker")
+
+META_FILE = "meta.properties"
+DEFAULT_CLUSTER_ID = "minibroker"
+
+
+class DataDirError(Exception):
+    """The data dir cannot be used by this node (one readable line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerOptions:
+    node_id: int
+    listen_host: str
+    listen_port: int
+    controller: str
+    data_dir: Path
+    advertise: tuple[str, int] | None
+    config: Config
+
+
+def parse_host_port(text: str, what: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise DataDirError(f"{what}: expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def check_meta(data_dir: Path, node_id: int) -> str:
+    """Create the data dir and meta.properties, or refuse a dir that belongs to another node. -> cluster id."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / META_FILE
+    cluster_id = DEFAULT_CLUSTER_ID
+    if path.exists():
+        try:
+            props = read_properties(path)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DataDirError(f"cannot read {path}: {exc}") from None
+        if props.get("node.id") != str(node_id):
+            raise DataDirError(f"data dir {data_dir} belongs to node.id={props.get('node.id')}, not {node_id}")
+        cluster_id = props.get("cluster.id", cluster_id)
+    _write_atomic(path, f"version=1\nnode.id={node_id}\ncluster.id={cluster_id}\n")
+    return cluster_id
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class BrokerProcess:
+    def __init__(self, opts: BrokerOptions, clock: Clock | None = None) -> None:
+        self.opts = opts
+        self.clock = clock or SystemClock()
+        self.rm: ReplicaManager | None = None
+        self.link: ControllerLink | None = None
+        self._runner: web.AppRunner | None = None
+        self.address = ""
+
+    async def start(self) -> None:
+        from storage.log_manager import LogManager
+
+        from fetcher.manager import ReplicaFetcherManager
+
+        o = self.opts
+        cluster_id = check_meta(o.data_dir, o.node_id)
+        log_manager = LogManager(o.data_dir, o.config, self.clock)
+        await log_manager.load()
+        rm = ReplicaManager(o.node_id, o.config, self.clock, log_manager, MetadataCache(cluster_id),
+                            BrokerMetrics())
+        rm.fetcher = ReplicaFetcherManager(rm, o.config, self.clock)
+        self.rm = rm
+        self._runner = web.AppRunner(build_app(rm), handle_signals=False, access_log=None, shutdown_timeout=5.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, o.listen_host, o.listen_port, backlog=1024)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        host, adv_port = o.advertise if o.advertise else (o.listen_host, port)
+        if o.advertise and o.advertise[1] == 0:
+            adv_port = port
+        self.address = f"{host}:{adv_port}"
+        await rm.start()
+        self.link = ControllerLink(rm, o.controller, host, adv_port, o.config, self.clock)
+        rm.alter_sender = self.link
+        await self.link.start()
+        _write_atomic(o.data_dir / "endpoint", f"{o.listen_host}:{port}\n")
+        _write_atomic(o.data_dir / "pid", f"{os.getpid()}\n")
+        log.info("broker_started", broker_id=o.node_id, endpoint=f"{o.listen_host}:{port}", advertised=self.address,
+                 data_dir=str(o.data_dir), controller=o.controller)
+
+    async def stop(self) -> None:
+        rm = self.rm
+        if self.link is not None:
+            await self.link.controlled_shutdown()
+            await self.link.close()
+        if rm is not None:
+            rm.stop_waiting()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if rm is not None:
+            await rm.shutdown()
+        log.info("broker_stopped", broker_id=self.opts.node_id)
+
+
+async def run(opts: BrokerOptions) -> int:
+    proc = BrokerProcess(opts)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await proc.start()
+        await stop.wait()
+    finally:
+        await proc.stop()
+    return 0

@@ -1,0 +1,758 @@
+"""The replica manager: hosted partitions, leader/follower transitions, produce, fetch, offsets.
+
+Kafka's ``ReplicaManager`` cut down to what minibroker needs. The partition
+state math lives in ``broker.partition_state`` (pure); this module does the
+I/O around it: the log, the fetcher manager, delayed operations, AlterPartition
+requests and the HW checkpoint. Everything here runs on the event loop; state
+changes that must be atomic (check, append, update) contain no ``await``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+from broker import partition_state as ps
+from broker.delayed import DelayedFetch, DelayedProduce, LeaderView, ProduceWait
+from broker.metadata_cache import MetadataCache
+from broker.metrics import BrokerMetrics
+from broker.partition import Partition
+from broker.purgatory import DelayedOperation, Purgatory
+from broker.requests import (
+    ControlHeader,
+    FetchPartitionRequest,
+    FetchRequest,
+    LeaderAndIsrRequest,
+    ListOffsetsPartition,
+    PartitionStateMsg,
+    ProduceRequest,
+    StopReplicaPartition,
+    UpdateMetadataRequest,
+)
+from common.clock import Clock
+from common.config import Config, ConfigError
+from common.errors import ErrorCode
+from common.logging import get_logger
+from common.wire import TopicPartition
+from fetcher.api import BrokerEndpoint, InitialFetchState
+from storage.record_batch import InvalidBatchError, validate_batches
+
+if TYPE_CHECKING:
+    from storage.log import Log
+    from storage.log_manager import LogManager
+
+log = get_logger("broker")
+
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+
+
+@dataclass(frozen=True, slots=True)
+class AlterResult:
+    error: ErrorCode
+    leader_epoch: int = -1
+    isr: tuple[int, ...] = ()
+    partition_epoch: int = -1
+
+
+class AlterPartitionSender(Protocol):
+    async def alter_partition(self, tp: TopicPartition, leader_epoch: int, partition_epoch: int,
+                              new_isr: tuple[int, ...], broker_epochs: dict[int, int]) -> AlterResult: ...
+
+
+class FetcherManagerLike(Protocol):
+    def add_partitions(self, states: dict[TopicPartition, InitialFetchState]) -> None: ...
+    def remove_partitions(self, tps: Iterable[TopicPartition]) -> None: ...
+    async def shutdown_idle_fetchers(self) -> None: ...
+    async def shutdown(self) -> None: ...
+
+
+def _storage_errors() -> tuple[type[Exception], ...]:
+    from storage import log as storage_log
+    names = ("StorageError", "OffsetOutOfRangeError")
+    return tuple(getattr(storage_log, n) for n in names if hasattr(storage_log, n))
+
+
+class ReplicaManager:
+    def __init__(self, broker_id: int, config: Config, clock: Clock, log_manager: LogManager,
+                 metadata: MetadataCache, metrics: BrokerMetrics) -> None:
+        self.broker_id = broker_id
+        self.config = config
+        self.clock = clock
+        self.log_manager = log_manager
+        self.metadata = metadata
+        self.metrics = metrics
+        self.controller_epoch = -1
+        self._broker_epoch = -1
+        self.partitions: dict[TopicPartition, Partition] = {}
+        self.produce_purgatory = Purgatory("produce", clock)
+        self.fetch_purgatory = Purgatory("fetch", clock)
+        self.fetcher: FetcherManagerLike | None = None
+        self.alter_sender: AlterPartitionSender | None = None
+        self._state_lock = asyncio.Lock()
+        self._restored_hws: dict[TopicPartition, int] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loops: list[asyncio.Task[None]] = []
+        self._closing = False
+
+    # ---- FollowerPartitions (fetcher.api) -------------------------------------------------
+    @property
+    def broker_epoch(self) -> int:
+        return self._broker_epoch
+
+    @broker_epoch.setter
+    def broker_epoch(self, value: int) -> None:
+        self._broker_epoch = value
+
+    def follower_log(self, tp: TopicPartition, leader_epoch: int) -> Log | None:
+        p = self.partitions.get(tp)
+        if p is None or p.state.role is not ps.Role.FOLLOWER or p.state.leader_epoch != leader_epoch:
+            return None
+        return p.log
+
+    def on_follower_appended(self, tp: TopicPartition, leader_high_watermark: int,
+                             leader_log_start_offset: int) -> None:
+        p = self.partitions.get(tp)
+        if p is None or p.state.role is not ps.Role.FOLLOWER:
+            return
+        if leader_log_start_offset > p.log_start_offset:
+            p.log.maybe_increment_log_start_offset(min(leader_log_start_offset, p.log_end_offset))
+        hw = ps.follower_high_watermark(p.state, log_end_offset=p.log_end_offset,
+                                        leader_high_watermark=leader_high_watermark)
+        if hw != p.state.high_watermark:
+            p.state = replace(p.state, high_watermark=hw)
+        self.fetch_purgatory.check_and_complete(tp)
+
+    def on_follower_truncated(self, tp: TopicPartition, offset: int, reason: str) -> None:
+        p = self.partitions.get(tp)
+        if p is None:
+            return
+        hw = min(p.state.high_watermark, p.log_end_offset)
+        p.state = replace(p.state, high_watermark=hw)
+        log.info("log_truncated", broker_id=self.broker_id, topic=tp.topic, partition=tp.partition,
+                 leader_epoch=p.state.leader_epoch, offset=offset, log_end_offset=p.log_end_offset,
+                 high_watermark=hw, reason=reason)
+
+    def follower_high_watermark(self, tp: TopicPartition) -> int | None:
+        p = self.partitions.get(tp)
+        return None if p is None else p.state.high_watermark
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._restored_hws = self.log_manager.read_high_watermarks()
+        lag_ms = self.config.get_int("replica.lag.time.max.ms")
+        self._loops.append(asyncio.create_task(self._every(max(1, lag_ms // 2), self.maybe_shrink_isr)))
+        ckpt_ms = self.config.get_int("replica.high.watermark.checkpoint.interval.ms")
+        self._loops.append(asyncio.create_task(self._every(ckpt_ms, self.checkpoint_high_watermarks)))
+
+    async def _every(self, interval_ms: int, step: Callable[[], Awaitable[None] | None]) -> None:
+        while True:
+            await asyncio.sleep(interval_ms / 1000)
+            try:
+                result = step()
+                if result is not None:
+                    await result
+            except Exception:
+                log.exception("periodic_task_failed", broker_id=self.broker_id)
+
+    def stop_waiting(self) -> None:
+        """Shutdown step 1: answer every waiting request now (produce: a retriable error) and wait no more."""
+        self._closing = True
+        self.produce_purgatory.complete_all(
+            lambda op: dict.fromkeys(getattr(op, "_waits", {}), ErrorCode.NOT_LEADER_OR_FOLLOWER))
+        self.fetch_purgatory.complete_all(lambda op: False)
+
+    async def shutdown(self) -> None:
+        """Fail delayed operations with a retriable error, stop fetchers, checkpoint, close logs."""
+        self.stop_waiting()
+        for t in self._loops:
+            t.cancel()
+        for t in self._loops:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        if self.fetcher is not None:
+            await self.fetcher.shutdown()
+        for t in list(self._tasks):
+            t.cancel()
+        await self.checkpoint_high_watermarks()
+        await self.log_manager.close()
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- HW checkpoint ---------------------------------------------------------------------------
+    def high_watermarks(self) -> dict[TopicPartition, int]:
+        hws = {tp: hw for tp, hw in self._restored_hws.items() if self.log_manager.get_log(tp) is not None}
+        hws.update({tp: p.state.high_watermark for tp, p in self.partitions.items()})
+        return hws
+
+    async def checkpoint_high_watermarks(self) -> None:
+        hws = self.high_watermarks()
+        await asyncio.to_thread(self.log_manager.checkpoint_high_watermarks, hws)
+
+    # ---- control requests ----------------------------------------------------------------------
+    def _check_control(self, header: ControlHeader) -> ErrorCode:
+        if header.controller_epoch < self.controller_epoch:
+            return ErrorCode.STALE_CONTROLLER_EPOCH
+        if header.broker_epoch >= 0 and self._broker_epoch >= 0 and header.broker_epoch < self._broker_epoch:
+            return ErrorCode.STALE_BROKER_EPOCH
+        return ErrorCode.NONE
+
+    async def leader_and_isr(self, req: LeaderAndIsrRequest) -> dict[str, Any]:
+        async with self._state_lock:
+            error = self._check_control(req.header)
+            if error is not ErrorCode.NONE:
+                log.warning("stale_control_request", broker_id=self.broker_id, api="leader_and_isr",
+                            controller_epoch=req.header.controller_epoch, current=self.controller_epoch,
+                            error=error.name)
+                return {"error": int(error), "partitions": []}
+            self.controller_epoch = req.header.controller_epoch
+            self.metadata.add_brokers(req.live_leaders)
+            self.metadata.update(req.header.controller_id, [], req.partition_states, req.topic_configs, [])
+            results = []
+            for msg in req.partition_states:
+                code = await self._apply_partition_state(msg, req.topic_configs.get(msg.tp.topic, {}))
+                results.append({"topic": msg.tp.topic, "partition": msg.tp.partition, "error": int(code)})
+        if self.fetcher is not None:
+            await self.fetcher.shutdown_idle_fetchers()
+        return {"error": 0, "partitions": results}
+
+    async def _apply_partition_state(self, msg: PartitionStateMsg, topic_config: dict[str, Any]) -> ErrorCode:
+        tp = msg.tp
+        if self.broker_id not in msg.replicas:
+            log.warning("leader_and_isr_not_a_replica", broker_id=self.broker_id, topic=tp.topic,
+                        partition=tp.partition, replicas=list(msg.replicas))
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        p = self.partitions.get(tp)
+        if p is not None and not _is_newer(msg, p.state):
+            log.info("leader_and_isr_stale_partition", broker_id=self.broker_id, topic=tp.topic,
+                     partition=tp.partition, leader_epoch=msg.leader_epoch, current_leader_epoch=p.state.leader_epoch)
+            return ErrorCode.STALE_CONTROLLER_EPOCH
+        try:
+            cfg = self.config.with_topic_overrides(topic_config)
+        except ConfigError as exc:
+            log.warning("bad_topic_config", topic=tp.topic, error=str(exc))
+            cfg = self.config
+        if p is None:
+            try:
+                p = await self._create_partition(tp, cfg)
+            except Exception as exc:
+                log.exception("partition_create_failed", broker_id=self.broker_id, topic=tp.topic,
+                              partition=tp.partition, error=str(exc))
+                return ErrorCode.KAFKA_STORAGE_ERROR
+            if self.partitions.get(tp) is not None and not _is_newer(msg, self.partitions[tp].state):
+                return ErrorCode.STALE_CONTROLLER_EPOCH
+        elif topic_config:
+            p.config = cfg
+            self._update_log_config(p)
+        if msg.leader == self.broker_id:
+            self._make_leader(p, msg)
+        else:
+            self._make_follower(p, msg)
+        return ErrorCode.NONE
+
+    async def _create_partition(self, tp: TopicPartition, cfg: Config) -> Partition:
+        from storage.log import LogConfig
+        the_log = await self.log_manager.get_or_create_log(tp, LogConfig.from_config(cfg))
+        hw = self._restored_hws.pop(tp, 0)
+        hw = max(the_log.log_start_offset, min(hw, the_log.log_end_offset))
+        p = Partition(tp, the_log, ps.PartitionState(broker_id=self.broker_id, high_watermark=hw), cfg)
+        self.partitions[tp] = p
+        return p
+
+    def _update_log_config(self, p: Partition) -> None:
+        from storage.log import LogConfig
+        p.log.update_config(LogConfig.from_config(p.config))
+
+    def _make_leader(self, p: Partition, msg: PartitionStateMsg) -> None:
+        """Kafka ``makeLeader``: stop fetching, record (epoch, LEO) in the epoch cache, then lead."""
+        tp = p.tp
+        if self.fetcher is not None:
+            self.fetcher.remove_partitions([tp])
+        was_leader_same_epoch = p.is_leader and p.state.leader_epoch == msg.leader_epoch
+        leo = p.log_end_offset
+        if not was_leader_same_epoch:
+            _assign_epoch(p.log, msg.leader_epoch, leo)
+        p.state = ps.become_leader(p.state, leader_epoch=msg.leader_epoch, partition_epoch=msg.partition_epoch,
+                                   isr=msg.isr, replicas=msg.replicas, leader_end_offset=leo,
+                                   high_watermark=p.state.high_watermark, now_ms=self.clock.monotonic_ms())
+        if was_leader_same_epoch:
+            log.info("isr_updated", broker_id=self.broker_id, topic=tp.topic, partition=tp.partition,
+                     leader_epoch=msg.leader_epoch, partition_epoch=msg.partition_epoch, isr=list(msg.isr),
+                     source="controller")
+        else:
+            log.info("became_leader", broker_id=self.broker_id, topic=tp.topic, partition=tp.partition,
+                     leader_epoch=msg.leader_epoch, partition_epoch=msg.partition_epoch, isr=list(msg.isr),
+                     replicas=list(msg.replicas), log_end_offset=leo, high_watermark=p.state.high_watermark)
+        self._maybe_advance_hw(p)
+        self.produce_purgatory.check_and_complete(tp)
+        self.fetch_purgatory.check_and_complete(tp)
+
+    def _make_follower(self, p: Partition, msg: PartitionStateMsg) -> None:
+        """Kafka ``makeFollower``: stop fetching first, then fetch from the new leader (the fetcher
+        truncates by leader epoch; never blindly to the HW)."""
+        tp = p.tp
+        if self.fetcher is not None:
+            self.fetcher.remove_partitions([tp])
+        same_leader = (p.state.role is ps.Role.FOLLOWER and p.state.leader == msg.leader
+                       and p.state.leader_epoch == msg.leader_epoch)
+        p.state = ps.become_follower(p.state, leader=msg.leader, leader_epoch=msg.leader_epoch,
+                                     partition_epoch=msg.partition_epoch, isr=msg.isr, replicas=msg.replicas,
+                                     log_end_offset=p.log_end_offset)
+        if not same_leader:
+            log.info("became_follower", broker_id=self.broker_id, topic=tp.topic, partition=tp.partition,
+                     leader=msg.leader, leader_epoch=msg.leader_epoch, partition_epoch=msg.partition_epoch,
+                     log_end_offset=p.log_end_offset, high_watermark=p.state.high_watermark)
+        self.produce_purgatory.check_and_complete(tp)
+        self.fetch_purgatory.check_and_complete(tp)
+        leader = self.metadata.brokers.get(msg.leader)
+        if self.fetcher is None or msg.leader < 0:
+            return
+        if leader is None:
+            log.warning("leader_endpoint_unknown", broker_id=self.broker_id, topic=tp.topic,
+                        partition=tp.partition, leader=msg.leader)
+            return
+        endpoint = BrokerEndpoint(leader.node_id, leader.host, leader.port)
+        self.fetcher.add_partitions({tp: InitialFetchState(endpoint, msg.leader_epoch, p.log_end_offset)})
+
+    async def stop_replica(self, header: ControlHeader, parts: list[StopReplicaPartition]) -> dict[str, Any]:
+        async with self._state_lock:
+            error = self._check_control(header)
+            if error is not ErrorCode.NONE:
+                return {"error": int(error), "partitions": []}
+            self.controller_epoch = header.controller_epoch
+            if self.fetcher is not None:
+                self.fetcher.remove_partitions([sp.tp for sp in parts])
+            results = []
+            for sp in parts:
+                code = await self._stop_partition(sp)
+                results.append({"topic": sp.tp.topic, "partition": sp.tp.partition, "error": int(code)})
+        if self.fetcher is not None:
+            await self.fetcher.shutdown_idle_fetchers()
+        return {"error": 0, "partitions": results}
+
+    async def _stop_partition(self, sp: StopReplicaPartition) -> ErrorCode:
+        p = self.partitions.get(sp.tp)
+        # Kafka: -2 (EpochDuringDelete) and -1 (no epoch) always apply; otherwise the epoch must not be older.
+        if p is not None and sp.leader_epoch >= 0 and sp.leader_epoch < p.state.leader_epoch:
+            return ErrorCode.FENCED_LEADER_EPOCH
+        if p is not None:
+            self._restored_hws[sp.tp] = p.state.high_watermark
+            del self.partitions[sp.tp]
+            log.info("replica_stopped", broker_id=self.broker_id, topic=sp.tp.topic, partition=sp.tp.partition,
+                     leader_epoch=p.state.leader_epoch, delete=sp.delete, high_watermark=p.state.high_watermark)
+        self.produce_purgatory.check_and_complete(sp.tp)
+        self.fetch_purgatory.check_and_complete(sp.tp)
+        if sp.delete and self.log_manager.get_log(sp.tp) is not None:
+            self._restored_hws.pop(sp.tp, None)
+            try:
+                await self.log_manager.delete_log(sp.tp)
+            except Exception as exc:
+                log.exception("log_delete_failed", topic=sp.tp.topic, partition=sp.tp.partition, error=str(exc))
+                return ErrorCode.KAFKA_STORAGE_ERROR
+        return ErrorCode.NONE
+
+    async def update_metadata(self, req: UpdateMetadataRequest) -> dict[str, Any]:
+        error = self._check_control(req.header)
+        if error is not ErrorCode.NONE:
+            return {"error": int(error)}
+        self.controller_epoch = req.header.controller_epoch
+        self.metadata.update(req.header.controller_id, req.brokers, req.partition_states, req.topic_configs,
+                             req.deleted_topics)
+        for topic, cfg in req.topic_configs.items():
+            for tp, p in self.partitions.items():
+                if tp.topic == topic:
+                    with contextlib.suppress(ConfigError):
+                        p.config = self.config.with_topic_overrides(cfg)
+                        self._update_log_config(p)
+        return {"error": 0}
+
+    # ---- HW and ISR --------------------------------------------------------------------------------
+    def _maybe_advance_hw(self, p: Partition) -> bool:
+        if not p.is_leader:
+            return False
+        old = p.state.high_watermark
+        p.state = ps.advance_high_watermark(p.state, p.log_end_offset)
+        if p.state.high_watermark == old:
+            return False
+        self.produce_purgatory.check_and_complete(p.tp)
+        self.fetch_purgatory.check_and_complete(p.tp)
+        return True
+
+    def maybe_shrink_isr(self) -> None:
+        for p in list(self.partitions.values()):
+            self._maybe_request_isr_change(p)
+
+    def _maybe_request_isr_change(self, p: Partition) -> None:
+        if self.alter_sender is None or self._closing:
+            return
+        change = ps.next_isr_change(p.state, now_ms=self.clock.monotonic_ms(), leader_end_offset=p.log_end_offset,
+                                    replica_lag_time_max_ms=self.config.get_int("replica.lag.time.max.ms"))
+        if change is None:
+            return
+        p.state = replace(p.state, pending=change)
+        log.info("isr_change_requested", broker_id=self.broker_id, topic=p.tp.topic, partition=p.tp.partition,
+                 leader_epoch=p.state.leader_epoch, partition_epoch=p.state.partition_epoch,
+                 isr=list(p.state.isr), new_isr=list(change.new_isr), expand=change.is_expand,
+                 high_watermark=p.state.high_watermark, log_end_offset=p.log_end_offset)
+        epochs = {r.broker_id: r.broker_epoch for r in p.state.followers if r.broker_id in change.new_isr}
+        epochs[self.broker_id] = self._broker_epoch
+        self._spawn(self._send_isr_change(p, change, epochs))
+
+    async def _send_isr_change(self, p: Partition, change: ps.PendingIsrChange, epochs: dict[int, int]) -> None:
+        assert self.alter_sender is not None
+        sent = p.state
+        try:
+            result = await self.alter_sender.alter_partition(p.tp, sent.leader_epoch, sent.partition_epoch,
+                                                             change.new_isr, epochs)
+        except Exception as exc:
+            log.exception("alter_partition_failed", topic=p.tp.topic, partition=p.tp.partition, error=str(exc))
+            result = AlterResult(ErrorCode.UNKNOWN_SERVER_ERROR)
+        if self.partitions.get(p.tp) is not p or p.state.pending != change or p.state.leader_epoch != sent.leader_epoch:
+            return  # the partition moved meanwhile; LeaderAndIsr carries the truth
+        if result.error is not ErrorCode.NONE:
+            log.warning("isr_change_rejected", broker_id=self.broker_id, topic=p.tp.topic, partition=p.tp.partition,
+                        leader_epoch=sent.leader_epoch, partition_epoch=sent.partition_epoch,
+                        new_isr=list(change.new_isr), error=result.error.name)
+            p.state = replace(p.state, pending=None)
+            return
+        before = p.state.isr
+        p.state = ps.isr_change_committed(p.state, leader_epoch=result.leader_epoch, isr=result.isr,
+                                          partition_epoch=result.partition_epoch)
+        grew = len(p.state.isr) > len(before)
+        shrank = len(p.state.isr) < len(before)
+        if grew:
+            self.metrics.isr_expands.inc()
+        if shrank:
+            self.metrics.isr_shrinks.inc()
+        log.info("isr_updated", broker_id=self.broker_id, topic=p.tp.topic, partition=p.tp.partition,
+                 leader_epoch=p.state.leader_epoch, partition_epoch=p.state.partition_epoch,
+                 isr=list(p.state.isr), old_isr=list(before), high_watermark=p.state.high_watermark)
+        self._maybe_advance_hw(p)
+        self.produce_purgatory.check_and_complete(p.tp)
+
+    # ---- produce ------------------------------------------------------------------------------------
+    async def produce(self, req: ProduceRequest) -> dict[TopicPartition, dict[str, Any]]:
+        results: dict[TopicPartition, dict[str, Any]] = {}
+        waits: dict[TopicPartition, ProduceWait] = {}
+        if req.acks not in (-1, 0, 1):
+            return {tp: _produce_result(tp, ErrorCode.INVALID_REQUIRED_ACKS, "acks must be -1, 0 or 1")
+                    for tp in req.partitions}
+        for tp, records in req.partitions.items():
+            results[tp] = self._append(tp, records, req.acks, waits)
+        if req.acks != -1 or not waits:
+            return results
+        answers = await self._wait_produce(waits, req.timeout_ms)
+        for tp, code in answers.items():
+            if code is not ErrorCode.NONE:
+                results[tp]["error"] = int(code)
+        return results
+
+    def _append(self, tp: TopicPartition, records: bytes, acks: int,
+                waits: dict[TopicPartition, ProduceWait]) -> dict[str, Any]:
+        p = self.partitions.get(tp)
+        if p is None:
+            return _produce_result(tp, self._unknown_or_not_leader(tp))
+        if not p.is_leader:
+            return _produce_result(tp, ErrorCode.NOT_LEADER_OR_FOLLOWER)
+        try:
+            headers = validate_batches(records, max_batch_size=p.max_message_bytes)
+        except InvalidBatchError as exc:
+            return _produce_result(tp, exc.code, str(exc))
+        if not headers:
+            return _produce_result(tp, ErrorCode.INVALID_RECORD, "no record batch in records")
+        if acks == -1 and len(p.state.isr) < p.min_insync_replicas:
+            return _produce_result(tp, ErrorCode.NOT_ENOUGH_REPLICAS,
+                                   f"ISR {list(p.state.isr)} < min.insync.replicas {p.min_insync_replicas}")
+        try:
+            info = p.log.append_as_leader(records, p.state.leader_epoch)
+        except InvalidBatchError as exc:
+            return _produce_result(tp, exc.code, str(exc))
+        except Exception as exc:
+            log.exception("append_failed", broker_id=self.broker_id, topic=tp.topic, partition=tp.partition,
+                          error=str(exc))
+            return _produce_result(tp, ErrorCode.KAFKA_STORAGE_ERROR, str(exc))
+        self.metrics.bytes_in.inc(len(records))
+        self.metrics.messages_in.inc(sum(h.record_count for h in headers))
+        if acks == -1:
+            waits[tp] = ProduceWait(p.state.leader_epoch, info.last_offset + 1)
+        self.fetch_purgatory.check_and_complete(tp)  # followers long-polling for new data
+        self._maybe_advance_hw(p)
+        return {"partition": tp.partition, "error": 0, "base_offset": info.first_offset,
+                "log_start_offset": p.log_start_offset}
+
+    def _unknown_or_not_leader(self, tp: TopicPartition) -> ErrorCode:
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER if tp in self.metadata.partitions \
+            else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+    def _leader_view(self, tp: TopicPartition) -> LeaderView | None:
+        p = self.partitions.get(tp)
+        if p is None:
+            return None
+        return LeaderView(p.is_leader, p.state.leader_epoch, p.state.high_watermark, len(p.state.isr),
+                          p.min_insync_replicas)
+
+    async def _wait_produce(self, waits: dict[TopicPartition, ProduceWait],
+                            timeout_ms: int) -> dict[TopicPartition, ErrorCode]:
+        fut: asyncio.Future[dict[TopicPartition, ErrorCode]] = asyncio.get_running_loop().create_future()
+        deadline = self.clock.monotonic_ms() + timeout_ms
+        op = DelayedProduce(deadline, waits, self._leader_view, lambda r: _resolve(fut, r))
+        if self._closing:
+            op.force_complete(dict.fromkeys(waits, ErrorCode.NOT_LEADER_OR_FOLLOWER))
+        elif not self.produce_purgatory.try_complete_else_watch(op, waits):
+            await self._await_op(op, fut, timeout_ms, self.produce_purgatory)
+        assert op.result is not None
+        return op.result
+
+    async def _await_op(self, op: DelayedOperation[Any], fut: asyncio.Future[Any], timeout_ms: int,
+                        purgatory: Purgatory) -> None:
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout_ms / 1000)
+        except TimeoutError:
+            op.force_complete(op.expired_result())
+            purgatory.purge()
+        except asyncio.CancelledError:
+            op.force_complete(op.expired_result())  # the client went away
+            purgatory.purge()
+            raise
+
+    # ---- fetch ---------------------------------------------------------------------------------------
+    async def fetch(self, req: FetchRequest) -> dict[str, Any]:
+        if req.is_follower and self._stale_follower_epoch(req):
+            return {"error": int(ErrorCode.STALE_BROKER_EPOCH), "topics": []}
+        results, total, errored = self._read_all(req, first=True)
+        if req.max_wait_ms == 0 or total >= req.min_bytes or errored or not req.partitions or self._closing:
+            return _fetch_response(results)
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        deadline = self.clock.monotonic_ms() + req.max_wait_ms
+        op = DelayedFetch(deadline, lambda: self._fetch_ready(req), lambda r: _resolve(fut, r))
+        if not self.fetch_purgatory.try_complete_else_watch(op, req.partitions):
+            await self._await_op(op, fut, req.max_wait_ms, self.fetch_purgatory)
+        results, _, _ = self._read_all(req, first=False)
+        return _fetch_response(results)
+
+    def _stale_follower_epoch(self, req: FetchRequest) -> bool:
+        """A fetch from an older incarnation of a follower than one already seen."""
+        for tp in req.partitions:
+            p = self.partitions.get(tp)
+            r = p.state.follower(req.replica_id) if p is not None else None
+            if r is not None and req.broker_epoch >= 0 and r.broker_epoch > req.broker_epoch:
+                return True
+        return False
+
+    def _read_all(self, req: FetchRequest, *, first: bool
+                  ) -> tuple[dict[TopicPartition, dict[str, Any]], int, bool]:
+        results: dict[TopicPartition, dict[str, Any]] = {}
+        total = 0
+        errored = False
+        for tp, fp in req.partitions.items():
+            budget = max(0, req.max_bytes - total)
+            res = self._read_partition(req, tp, fp, budget, min_one=(total == 0), update_follower=first)
+            results[tp] = res
+            total += len(res["records"])
+            errored = errored or res["error"] != 0
+        self.metrics.bytes_out.inc(total)
+        return results, total, errored
+
+    def _read_partition(self, req: FetchRequest, tp: TopicPartition, fp: FetchPartitionRequest, budget: int,
+                        *, min_one: bool, update_follower: bool) -> dict[str, Any]:
+        p = self.partitions.get(tp)
+        if p is None:
+            return _fetch_error(tp, self._unknown_or_not_leader(tp))
+        code = self._check_fetch_partition(req, p, fp)
+        if code is not ErrorCode.NONE:
+            return _fetch_error(tp, code, p)
+        diverging = self._diverging_epoch(p, fp)
+        if diverging is not None:
+            out = _fetch_error(tp, ErrorCode.NONE, p)
+            out["diverging_epoch"] = diverging
+            return out
+        leo = p.log_end_offset
+        if fp.fetch_offset > leo or fp.fetch_offset < p.log_start_offset:
+            return _fetch_error(tp, ErrorCode.OFFSET_OUT_OF_RANGE, p)
+        max_offset = None if req.is_follower else p.state.high_watermark
+        records = b""
+        limit = min(budget, fp.partition_max_bytes)
+        if (max_offset is None or fp.fetch_offset < max_offset) and fp.fetch_offset < leo and (limit > 0 or min_one):
+            try:
+                data = p.log.read(fp.fetch_offset, limit, max_offset, min_one)
+                records = bytes(data.records)
+            except _storage_errors() as exc:
+                code = ErrorCode.OFFSET_OUT_OF_RANGE if "OutOfRange" in type(exc).__name__ \
+                    else ErrorCode.KAFKA_STORAGE_ERROR
+                return _fetch_error(tp, code, p)
+        if req.is_follower and update_follower:
+            self._update_follower(p, req, fp)
+        out = _fetch_error(tp, ErrorCode.NONE, p)
+        out["records"] = records
+        return out
+
+    def _check_fetch_partition(self, req: FetchRequest, p: Partition, fp: FetchPartitionRequest) -> ErrorCode:
+        if not p.is_leader:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        cle = fp.current_leader_epoch
+        if cle >= 0 and cle < p.state.leader_epoch:
+            return ErrorCode.FENCED_LEADER_EPOCH
+        if cle > p.state.leader_epoch:
+            return ErrorCode.UNKNOWN_LEADER_EPOCH
+        if req.is_follower and (req.replica_id == self.broker_id or req.replica_id not in p.state.replicas):
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        return ErrorCode.NONE
+
+    def _diverging_epoch(self, p: Partition, fp: FetchPartitionRequest) -> dict[str, int] | None:
+        """KIP-320: the fetcher's last epoch ends earlier here than its fetch offset -> tell it where."""
+        if fp.last_fetched_epoch < 0:
+            return None
+        epoch, end = p.log.end_offset_for_epoch(fp.last_fetched_epoch)
+        if epoch < 0 or end < 0:
+            # No epoch <= last_fetched_epoch here (the follower's history predates ours): truncate to start.
+            if fp.fetch_offset > p.log_start_offset and p.log.latest_epoch() is not None:
+                return {"epoch": -1, "end_offset": p.log_start_offset}
+            return None
+        if end < fp.fetch_offset or epoch < fp.last_fetched_epoch:
+            return {"epoch": epoch, "end_offset": end}
+        return None
+
+    def _update_follower(self, p: Partition, req: FetchRequest, fp: FetchPartitionRequest) -> None:
+        p.state = ps.update_follower(p.state, broker_id=req.replica_id, fetch_offset=fp.fetch_offset,
+                                     log_start_offset=fp.log_start_offset, now_ms=self.clock.monotonic_ms(),
+                                     leader_end_offset=p.log_end_offset, broker_epoch=req.broker_epoch)
+        self._maybe_request_isr_change(p)
+        self._maybe_advance_hw(p)
+
+    def _fetch_ready(self, req: FetchRequest) -> bool:
+        """Enough new data (or an error) for a waiting fetch (Kafka ``DelayedFetch.tryComplete``)."""
+        if self._closing:
+            return True
+        total = 0
+        for tp, fp in req.partitions.items():
+            p = self.partitions.get(tp)
+            if p is None or self._check_fetch_partition(req, p, fp) is not ErrorCode.NONE:
+                return True
+            end = p.log_end_offset if req.is_follower else p.state.high_watermark
+            if fp.fetch_offset > end or fp.fetch_offset < p.log_start_offset:
+                return True
+            if end > fp.fetch_offset:
+                if req.min_bytes <= 1:
+                    return True
+                data = p.log.read(fp.fetch_offset, fp.partition_max_bytes, None if req.is_follower else end, True)
+                total += len(data.records)
+                if total >= req.min_bytes:
+                    return True
+        return False
+
+    # ---- offsets ---------------------------------------------------------------------------------------
+    def _leader_for(self, tp: TopicPartition, current_leader_epoch: int) -> tuple[Partition | None, ErrorCode]:
+        p = self.partitions.get(tp)
+        if p is None:
+            return None, self._unknown_or_not_leader(tp)
+        if not p.is_leader:
+            return None, ErrorCode.NOT_LEADER_OR_FOLLOWER
+        if 0 <= current_leader_epoch < p.state.leader_epoch:
+            return None, ErrorCode.FENCED_LEADER_EPOCH
+        if current_leader_epoch > p.state.leader_epoch:
+            return None, ErrorCode.UNKNOWN_LEADER_EPOCH
+        return p, ErrorCode.NONE
+
+    def list_offsets(self, replica_id: int, parts: dict[TopicPartition, ListOffsetsPartition]
+                     ) -> dict[TopicPartition, dict[str, Any]]:
+        out = {}
+        for tp, lp in parts.items():
+            base: dict[str, Any] = {"partition": tp.partition, "timestamp": -1, "offset": -1, "leader_epoch": -1}
+            p, code = self._leader_for(tp, lp.current_leader_epoch)
+            if p is None:
+                out[tp] = {**base, "error": int(code)}
+                continue
+            # Consumers see up to the HW; a follower (replica_id >= 0) may see up to the LEO.
+            limit = p.log_end_offset if replica_id >= 0 else p.state.high_watermark
+            if lp.timestamp == EARLIEST_TIMESTAMP:
+                out[tp] = {**base, "error": 0, "offset": p.log_start_offset}
+            elif lp.timestamp == LATEST_TIMESTAMP:
+                out[tp] = {**base, "error": 0, "offset": limit, "leader_epoch": p.state.leader_epoch}
+            else:
+                found = p.log.fetch_offset_by_timestamp(lp.timestamp)
+                if found is None or found.offset >= limit:
+                    out[tp] = {**base, "error": 0}
+                else:
+                    out[tp] = {**base, "error": 0, "timestamp": found.timestamp, "offset": found.offset,
+                               "leader_epoch": found.leader_epoch}
+        return out
+
+    def offsets_for_leader_epoch(self, parts: dict[TopicPartition, tuple[int, int]]
+                                 ) -> dict[TopicPartition, dict[str, Any]]:
+        out = {}
+        for tp, (current, epoch) in parts.items():
+            p, code = self._leader_for(tp, current)
+            if p is None:
+                out[tp] = {"partition": tp.partition, "error": int(code), "leader_epoch": -1, "end_offset": -1}
+                continue
+            found_epoch, end = p.log.end_offset_for_epoch(epoch)
+            out[tp] = {"partition": tp.partition, "error": 0, "leader_epoch": found_epoch, "end_offset": end}
+        return out
+
+    # ---- status ----------------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        now = self.clock.monotonic_ms()
+        return {
+            "node_id": self.broker_id, "role": "broker", "broker_epoch": self._broker_epoch,
+            "controller_epoch": self.controller_epoch,
+            "partitions": [p.status(now) for _, p in sorted(self.partitions.items())],
+        }
+
+    def under_replicated_count(self) -> int:
+        return sum(1 for p in self.partitions.values()
+                   if p.is_leader and len(p.state.isr) < len(p.state.replicas))
+
+    def offline_count(self) -> int:
+        return sum(1 for s in self.metadata.partitions.values() if s.leader < 0)
+
+
+def _is_newer(msg: PartitionStateMsg, state: ps.PartitionState) -> bool:
+    """Apply a newer leader epoch; with the same leader epoch, a newer partition epoch is an ISR update
+    (KRaft's rule: the controller may change the ISR without a new leader epoch)."""
+    if msg.leader_epoch > state.leader_epoch:
+        return True
+    return msg.leader_epoch == state.leader_epoch and msg.partition_epoch > state.partition_epoch
+
+
+def _assign_epoch(the_log: Log, epoch: int, start_offset: int) -> None:
+    """Record (leader epoch, LEO) in the epoch cache (persisted) before accepting writes."""
+    the_log.epoch_cache.assign(epoch, start_offset)
+
+
+def _resolve(fut: asyncio.Future[Any], value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _produce_result(tp: TopicPartition, code: ErrorCode, message: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {"partition": tp.partition, "error": int(code), "base_offset": -1, "log_start_offset": -1}
+    if message:
+        out["error_message"] = message
+    return out
+
+
+def _fetch_error(tp: TopicPartition, code: ErrorCode, p: Partition | None = None) -> dict[str, Any]:
+    return {
+        "partition": tp.partition, "error": int(code),
+        "high_watermark": p.state.high_watermark if p is not None else -1,
+        "log_start_offset": p.log_start_offset if p is not None else -1,
+        "log_end_offset": p.log_end_offset if p is not None else -1,
+        "diverging_epoch": None, "records": b"",
+    }
+
+
+def _fetch_response(results: dict[TopicPartition, dict[str, Any]]) -> dict[str, Any]:
+    return {"error": 0, "topics": nest(results)}
+
+
+def nest(results: dict[TopicPartition, dict[str, Any]]) -> list[dict[str, Any]]:
+    topics: dict[str, list[dict[str, Any]]] = {}
+    for tp, res in results.items():
+        topics.setdefault(tp.topic, []).append(res)
+    return [{"topic": t, "partitions": parts} for t, parts in topics.items()]

@@ -1,0 +1,249 @@
+"""Decoding of broker request bodies into typed values (docs/protocol.md).
+
+Each ``parse_*`` takes the decoded msgpack map and returns a frozen request or
+raises ``common.wire.BadRequest`` (HTTP 400) naming the bad field. Sizes and
+offsets are bounded here so the replica manager never sees a negative size or
+an absurd value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from common.wire import (
+    MAX_INT32,
+    BadRequest,
+    TopicPartition,
+    field,
+    int_field,
+    int_list,
+    list_field,
+    map_items,
+)
+
+MAX_PARTITIONS_PER_REQUEST = 10_000
+MAX_WAIT_MS = 5 * 60 * 1000
+MAX_TIMEOUT_MS = 5 * 60 * 1000
+
+
+def _topic_partitions(body: Mapping[str, Any], name: str = "topics") -> list[tuple[TopicPartition, dict[str, Any]]]:
+    out: list[tuple[TopicPartition, dict[str, Any]]] = []
+    for t in map_items(list_field(body, name), name):
+        topic = field(t, "topic", str)
+        for p in map_items(list_field(t, "partitions"), "partitions"):
+            out.append((TopicPartition(topic, int_field(p, "partition", lo=0, hi=MAX_INT32)), p))
+            if len(out) > MAX_PARTITIONS_PER_REQUEST:
+                raise BadRequest(f"more than {MAX_PARTITIONS_PER_REQUEST} partitions in one request")
+    seen = {tp for tp, _ in out}
+    if len(seen) != len(out):
+        raise BadRequest("a partition appears twice in one request")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceRequest:
+    acks: int
+    timeout_ms: int
+    partitions: dict[TopicPartition, bytes]
+
+
+def parse_produce(body: Mapping[str, Any]) -> ProduceRequest:
+    acks = int_field(body, "acks", lo=-MAX_INT32, hi=MAX_INT32)
+    timeout_ms = int_field(body, "timeout_ms", 30_000, lo=0, hi=MAX_TIMEOUT_MS)
+    parts: dict[TopicPartition, bytes] = {}
+    for tp, p in _topic_partitions(body):
+        parts[tp] = field(p, "records", bytes)
+    return ProduceRequest(acks, timeout_ms, parts)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchPartitionRequest:
+    fetch_offset: int
+    current_leader_epoch: int
+    last_fetched_epoch: int
+    log_start_offset: int
+    partition_max_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRequest:
+    replica_id: int
+    broker_epoch: int
+    max_wait_ms: int
+    min_bytes: int
+    max_bytes: int
+    partitions: dict[TopicPartition, FetchPartitionRequest]
+
+    @property
+    def is_follower(self) -> bool:
+        return self.replica_id >= 0
+
+
+def parse_fetch(body: Mapping[str, Any]) -> FetchRequest:
+    parts: dict[TopicPartition, FetchPartitionRequest] = {}
+    for tp, p in _topic_partitions(body):
+        parts[tp] = FetchPartitionRequest(
+            fetch_offset=int_field(p, "fetch_offset", lo=0),
+            current_leader_epoch=int_field(p, "current_leader_epoch", -1, lo=-1, hi=MAX_INT32),
+            last_fetched_epoch=int_field(p, "last_fetched_epoch", -1, lo=-1, hi=MAX_INT32),
+            log_start_offset=int_field(p, "log_start_offset", -1, lo=-1),
+            partition_max_bytes=int_field(p, "partition_max_bytes", 1024 * 1024, lo=0, hi=MAX_INT32),
+        )
+    return FetchRequest(
+        replica_id=int_field(body, "replica_id", -1, lo=-1, hi=MAX_INT32),
+        broker_epoch=int_field(body, "broker_epoch", -1, lo=-1),
+        max_wait_ms=int_field(body, "max_wait_ms", 0, lo=0, hi=MAX_WAIT_MS),
+        min_bytes=int_field(body, "min_bytes", 1, lo=0, hi=MAX_INT32),
+        max_bytes=int_field(body, "max_bytes", 50 * 1024 * 1024, lo=0, hi=MAX_INT32),
+        partitions=parts,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ListOffsetsPartition:
+    current_leader_epoch: int
+    timestamp: int
+
+
+def parse_list_offsets(body: Mapping[str, Any]) -> tuple[int, dict[TopicPartition, ListOffsetsPartition]]:
+    replica_id = int_field(body, "replica_id", -1, lo=-1, hi=MAX_INT32)
+    parts = {
+        tp: ListOffsetsPartition(int_field(p, "current_leader_epoch", -1, lo=-1, hi=MAX_INT32),
+                                 int_field(p, "timestamp", lo=-2))
+        for tp, p in _topic_partitions(body)
+    }
+    return replica_id, parts
+
+
+def parse_offsets_for_leader_epoch(body: Mapping[str, Any]) -> tuple[int, dict[TopicPartition, tuple[int, int]]]:
+    """-> (replica_id, {tp: (current_leader_epoch, leader_epoch)})."""
+    replica_id = int_field(body, "replica_id", -1, lo=-1, hi=MAX_INT32)
+    parts = {
+        tp: (int_field(p, "current_leader_epoch", -1, lo=-1, hi=MAX_INT32),
+             int_field(p, "leader_epoch", lo=-1, hi=MAX_INT32))
+        for tp, p in _topic_partitions(body)
+    }
+    return replica_id, parts
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionStateMsg:
+    """One entry of leader_and_isr / update_metadata ``partition_states``."""
+
+    tp: TopicPartition
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    partition_epoch: int
+    replicas: tuple[int, ...]
+    is_new: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerInfo:
+    node_id: int
+    host: str
+    port: int
+
+
+def _partition_states(body: Mapping[str, Any]) -> list[PartitionStateMsg]:
+    out = []
+    for p in map_items(list_field(body, "partition_states", []), "partition_states"):
+        out.append(PartitionStateMsg(
+            tp=TopicPartition(field(p, "topic", str), int_field(p, "partition", lo=0, hi=MAX_INT32)),
+            leader=int_field(p, "leader", lo=-1, hi=MAX_INT32),
+            leader_epoch=int_field(p, "leader_epoch", lo=-1, hi=MAX_INT32),
+            isr=tuple(int_list(p, "isr")),
+            partition_epoch=int_field(p, "partition_epoch", 0, lo=-1, hi=MAX_INT32),
+            replicas=tuple(int_list(p, "replicas")),
+            is_new=field(p, "is_new", bool, False),
+        ))
+    return out
+
+
+def _brokers(body: Mapping[str, Any], name: str) -> list[BrokerInfo]:
+    return [
+        BrokerInfo(int_field(b, "node_id", lo=0, hi=MAX_INT32), field(b, "host", str),
+                   int_field(b, "port", lo=0, hi=65535))
+        for b in map_items(list_field(body, name, []), name)
+    ]
+
+
+def _topic_configs(body: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    raw = field(body, "topic_configs", dict, {})
+    out: dict[str, dict[str, Any]] = {}
+    for topic, cfg in raw.items():
+        if not isinstance(topic, str) or not isinstance(cfg, dict):
+            raise BadRequest("topic_configs must map topic names to maps")
+        out[topic] = cfg
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ControlHeader:
+    controller_id: int
+    controller_epoch: int
+    broker_epoch: int
+
+
+def _control_header(body: Mapping[str, Any]) -> ControlHeader:
+    return ControlHeader(int_field(body, "controller_id", lo=-1, hi=MAX_INT32),
+                         int_field(body, "controller_epoch", lo=0, hi=MAX_INT32),
+                         int_field(body, "broker_epoch", -1, lo=-1))
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderAndIsrRequest:
+    header: ControlHeader
+    partition_states: list[PartitionStateMsg]
+    live_leaders: list[BrokerInfo]
+    topic_configs: dict[str, dict[str, Any]]
+
+
+def parse_leader_and_isr(body: Mapping[str, Any]) -> LeaderAndIsrRequest:
+    return LeaderAndIsrRequest(_control_header(body), _partition_states(body), _brokers(body, "live_leaders"),
+                               _topic_configs(body))
+
+
+@dataclass(frozen=True, slots=True)
+class StopReplicaPartition:
+    tp: TopicPartition
+    leader_epoch: int
+    delete: bool
+
+
+def parse_stop_replica(body: Mapping[str, Any]) -> tuple[ControlHeader, list[StopReplicaPartition]]:
+    parts = [
+        StopReplicaPartition(TopicPartition(field(p, "topic", str), int_field(p, "partition", lo=0, hi=MAX_INT32)),
+                             int_field(p, "leader_epoch", -1, lo=-2, hi=MAX_INT32), field(p, "delete", bool, False))
+        for p in map_items(list_field(body, "partitions"), "partitions")
+    ]
+    return _control_header(body), parts
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateMetadataRequest:
+    header: ControlHeader
+    brokers: list[BrokerInfo]
+    partition_states: list[PartitionStateMsg]
+    topic_configs: dict[str, dict[str, Any]]
+    deleted_topics: list[str]
+
+
+def parse_update_metadata(body: Mapping[str, Any]) -> UpdateMetadataRequest:
+    deleted = list_field(body, "deleted_topics", [])
+    if not all(isinstance(t, str) for t in deleted):
+        raise BadRequest("deleted_topics must be a list of strings")
+    return UpdateMetadataRequest(_control_header(body), _brokers(body, "brokers"), _partition_states(body),
+                                 _topic_configs(body), deleted)
+
+
+def parse_metadata(body: Mapping[str, Any]) -> list[str] | None:
+    topics = body.get("topics")
+    if topics is None:
+        return None
+    if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
+        raise BadRequest("topics must be a list of strings or nil")
+    return topics

@@ -1,0 +1,121 @@
+"""The broker's aiohttp application: thin handlers over the replica manager.
+
+Each handler decodes the body (HTTP 400 on a malformed one, nothing changed),
+calls the replica manager and encodes the answer. One boundary function maps
+any unexpected exception to UNKNOWN_SERVER_ERROR (never HTTP 500) and logs it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from broker import requests as rq
+from broker.replica_manager import ReplicaManager, nest
+from common.errors import ErrorCode
+from common.logging import get_logger
+from common.wire import CONTENT_TYPE, BadRequest, decode_body, encode
+
+log = get_logger("broker")
+
+RM_KEY = web.AppKey("replica_manager", ReplicaManager)
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+Handler = Callable[[ReplicaManager, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+async def _produce(rm: ReplicaManager, body: dict[str, Any]) -> dict[str, Any]:
+    req = rq.parse_produce(body)
+    return {"topics": nest(await rm.produce(req))}
+
+
+async def _fetch(rm: ReplicaManager, body: dict[str, Any]) -> dict[str, Any]:
+    return await rm.fetch(rq.parse_fetch(body))
+
+
+async def _list_offsets(rm: ReplicaManager, body: dict[str, Any]) -> dict[str, Any]:
+    replica_id, parts = rq.parse_list_offsets(body)
+    return {"topics": nest(rm.list_offsets(replica_id, parts))}
+
+
+async def _offsets_for_leader_epoch(rm: ReplicaManager, body: dict[str, Any]) -> dict[str, Any]:
+    _, parts = rq.parse_offsets_for_leader_epoch(body)
+    return {"topics": nest(rm.offsets_for_leader_epoch(parts))}
+
+
+async def _metadata(rm: ReplicaManager, body: dict[str, Any]) -> dict[str, Any]:
+    return rm.metadata.metadata_response(rq.parse_metadata(body))
+
+
+async def _leader_and_isr(rm: ReplicaManager, body: dict[str, Any]) -> dict[str, Any]:
+    return await rm.leader_and_isr(rq.parse_leader_and_isr(body))
+
+
+async def _stop_replica(rm: ReplicaManager, body: dict[str, Any]) -> dict[str, Any]:
+    header, parts = rq.parse_stop_replica(body)
+    return await rm.stop_replica(header, parts)
+
+
+async def _update_metadata(rm: ReplicaManager, body: dict[str, Any]) -> dict[str, Any]:
+    return await rm.update_metadata(rq.parse_update_metadata(body))
+
+
+HANDLERS: dict[str, Handler] = {
+    "produce": _produce,
+    "fetch": _fetch,
+    "list_offsets": _list_offsets,
+    "offsets_for_leader_epoch": _offsets_for_leader_epoch,
+    "metadata": _metadata,
+    "leader_and_isr": _leader_and_isr,
+    "stop_replica": _stop_replica,
+    "update_metadata": _update_metadata,
+}
+
+
+def _endpoint(api: str, handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        rm = request.app[RM_KEY]
+        started = time.perf_counter()
+        status = 200
+        try:
+            body = decode_body(await request.read())
+            result = await handler(rm, body)
+            response = web.Response(body=encode(result), content_type=CONTENT_TYPE)
+        except BadRequest as exc:
+            status = 400
+            response = web.Response(status=400, text=f"{api}: {exc}")
+        except web.HTTPException:
+            raise
+        except Exception as exc:
+            log.exception("request_failed", api=api, broker_id=rm.broker_id, error=str(exc))
+            response = web.Response(body=encode({"error": int(ErrorCode.UNKNOWN_SERVER_ERROR),
+                                                 "error_message": f"{type(exc).__name__}: {exc}"}),
+                                    content_type=CONTENT_TYPE)
+        rm.metrics.requests.labels(api, str(status)).inc()
+        rm.metrics.latency.labels(api).observe(time.perf_counter() - started)
+        return response
+    return handle
+
+
+async def _status(request: web.Request) -> web.Response:
+    return web.json_response(request.app[RM_KEY].status())
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = request.app[RM_KEY].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+def build_app(rm: ReplicaManager) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app[RM_KEY] = rm
+    for api, handler in HANDLERS.items():
+        app.router.add_post(f"/v1/{api}", _endpoint(api, handler))
+    app.router.add_get("/v1/status", _status)
+    app.router.add_get("/metrics", _metrics)
+    rm.metrics.bind(rm.under_replicated_count, rm.offline_count, lambda: len(rm.produce_purgatory),
+                    lambda: len(rm.fetch_purgatory))
+    return app
