@@ -1,0 +1,566 @@
+"""The Spark consistency audit over an export (see ``audit.schema``).
+
+Every check is a DataFrame query whose rows are violations; only a count and
+the first ``evidence_rows`` rows of each reach the driver, so the audit scales
+with the cluster, not the driver.
+
+Definitions (DESIGN.md "Safety invariants"; the read checks follow Jepsen's
+Kafka workload):
+
+- *committed records* of a replica: its records below its own HW (the HW from
+  its ``replication-offset-checkpoint``; an unknown HW commits nothing). The
+  checkpoint lags the live HW, so this is a safe under-approximation.
+- *final log* of a partition: the whole log of its authoritative replica, the
+  one a clean election would have made leader last: undamaged first, then the
+  highest latest leader epoch, then the longest log, then the lowest broker
+  id. After a chaos run heals and every ISR is full, it equals every replica.
+  (Kafka has no offline notion of "the" log; this is the replica that holds
+  the last leader's writes.)
+
+Checks, one result each:
+
+``lost_writes``          an acked send (outcome ok) whose value is not in the final log at its acked offset
+``inconsistent_offsets`` a (topic, partition, offset) with two values across committed replica
+                         records, the final log and polls
+``replica_divergence``   committed copies of one offset that differ in batch crc, leader epoch or batch base
+``duplicates``           one value at two offsets of the final log; a violation when both copies come from
+                         the same idempotent producer id (Kafka's idempotence is per producer session),
+                         otherwise only counted
+``offset_gaps``          a replica's log skips offsets (in file order, or its first offset is above log start)
+``offset_repeats``       a replica's log repeats an offset or goes backwards
+``epoch_regressions``    leader epochs decrease along a replica's log
+``hw_above_leo``         a replica whose HW checkpoint is above its log end offset
+``non_monotonic_polls``  one consumer process reads an offset at or below its previous one on a partition
+``skipped_polls``        one consumer process jumps over offsets on a partition
+``dirty_reads``          a polled value that is not in the final log of its partition
+``unseen_writes``        an acked send that is in the final log but no poll ever returned (run only when
+                         the history has polls)
+``damaged_files``        log regions the export could not read (torn tails are counted, not violations)
+
+Checks that need the workload history are ``skipped`` without one. Lost writes
+and unseen writes are disjoint by construction (an acked value missing from
+the final log is lost, not unseen), so each anomaly is reported once.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import reduce
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlparse
+
+from audit import schema
+
+if TYPE_CHECKING:  # pyspark is imported lazily: the CLI starts without a JVM
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+EVIDENCE_ROWS = 5
+KEYS = ["export", "topic", "partition"]
+REPLICA = ["export", "broker", "topic", "partition"]
+
+
+class Status(enum.Enum):
+    OK = "ok"
+    VIOLATION = "violation"
+    COUNTED = "counted"  # found, but not a violation (e.g. duplicates without idempotence)
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    name: str
+    status: Status
+    count: int
+    evidence: list[dict[str, Any]] = field(default_factory=list)
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status.value, "count": self.count,
+                "evidence": self.evidence, "note": self.note}
+
+
+@dataclass(frozen=True, slots=True)
+class AuditReport:
+    export_dir: str
+    checks: list[CheckResult]
+    stats: dict[str, int]
+
+    @property
+    def violations(self) -> list[CheckResult]:
+        return [c for c in self.checks if c.status is Status.VIOLATION]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def check(self, name: str) -> CheckResult:
+        for c in self.checks:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"export_dir": self.export_dir, "ok": self.ok,
+                "violations": [c.name for c in self.violations], "stats": self.stats,
+                "checks": [c.to_json() for c in self.checks]}
+
+
+# ---------------------------------------------------------------- session
+
+def build_session(master: str = "local[*]", *, app_name: str = "minibroker-audit",
+                  shuffle_partitions: int = 4, driver_memory: str = "1g",
+                  extra_conf: dict[str, str] | None = None) -> SparkSession:
+    """A SparkSession sized for a small machine; pass ``--master`` for a real cluster."""
+    from pyspark.sql import SparkSession
+
+    builder = (SparkSession.builder.master(master).appName(app_name)
+               .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+               .config("spark.default.parallelism", str(shuffle_partitions))
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.driver.memory", driver_memory)
+               .config("spark.sql.session.timeZone", "UTC"))
+    if master.startswith("local"):  # stay on the loopback interface
+        builder = (builder.config("spark.driver.host", "127.0.0.1")
+                   .config("spark.driver.bindAddress", "127.0.0.1"))
+    for key, value in (extra_conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+# ---------------------------------------------------------------- tables
+
+@dataclass(frozen=True, slots=True)
+class Tables:
+    """The export tables, each with an ``export`` column naming its export directory."""
+
+    records: DataFrame
+    replicas: DataFrame
+    damaged: DataFrame
+    sends: DataFrame
+    polls: DataFrame
+
+
+def _normalise(path_or_uri: str) -> str:
+    """A local path or Spark's ``file:`` URI -> the absolute path, as the export key."""
+    parsed = urlparse(path_or_uri)
+    path = unquote(parsed.path) if parsed.scheme else path_or_uri
+    return os.path.abspath(path)
+
+
+def load_tables(spark: SparkSession, export_dirs: list[Path]) -> Tables:
+    """All exports' tables, read together (one scan per table, whatever the number of exports)."""
+    from pyspark.sql import functions as F
+
+    export_col = F.regexp_extract(F.col("_metadata.file_path"), r"^(.*)/[^/]*$", 1)
+
+    def read(name: str) -> DataFrame:
+        paths = [str(schema.table_path(d, name)) for d in export_dirs]
+        return spark.read.parquet(*paths).withColumn("export", export_col)
+
+    return Tables(records=read("records"), replicas=read("replicas"), damaged=read("damaged"),
+                  sends=read("sends"), polls=read("polls"))
+
+
+def _vkey(col: str = "value") -> Column:
+    """A comparable, null-safe fingerprint of a binary value."""
+    from pyspark.sql import functions as F
+
+    return F.coalesce(F.sha2(F.col(col), 256), F.lit("<null>"))
+
+
+def _text(col: str) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.col(col).cast("string")
+
+
+def committed_records(t: Tables) -> DataFrame:
+    """Every replica's records below its own HW."""
+    from pyspark.sql import functions as F
+
+    hws = t.replicas.select(*REPLICA, F.col("high_watermark"))
+    return (t.records.join(hws, REPLICA)
+            .where(F.col("offset") < F.col("high_watermark"))
+            .drop("high_watermark"))
+
+
+def authoritative_replicas(t: Tables) -> DataFrame:
+    """(export, broker, topic, partition) of the replica whose log is the partition's final log."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    w = Window.partitionBy(*KEYS).orderBy(F.col("damaged").asc(), F.col("latest_epoch").desc(),
+                                          F.col("log_end_offset").desc(), F.col("broker").asc())
+    return (t.replicas.withColumn("rank", F.row_number().over(w))
+            .where(F.col("rank") == 1).select(*REPLICA))
+
+
+def final_log(t: Tables) -> DataFrame:
+    return t.records.join(authoritative_replicas(t), REPLICA)
+
+
+# ---------------------------------------------------------------- checks
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    t: Tables
+    final: DataFrame
+    committed: DataFrame
+    acked: DataFrame
+
+
+def check_lost_writes(c: Context) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    acked = c.acked.withColumn("vkey", _vkey())
+    final = c.final.select(*KEYS, "offset", _vkey().alias("vkey"))
+    lost = acked.join(final, [*KEYS, "offset", "vkey"], "left_anti")
+    found = c.final.select(*KEYS, "offset", _text("value").alias("found_value"),
+                           F.col("broker").alias("final_broker"))
+    return (lost.join(found, [*KEYS, "offset"], "left")
+            .select("export", "process", "seq", "topic", "partition", "offset", _text("value").alias("value"),
+                    "found_value", "final_broker"))
+
+
+def check_inconsistent_offsets(c: Context) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    cols = [*KEYS, "offset", "value"]
+
+    def tagged(df: DataFrame, tag: str, col: str) -> DataFrame:
+        return df.select(*cols, F.concat(F.lit(tag), F.col(col).cast("string")).alias("source"))
+
+    observed = (tagged(c.committed, "replica:", "broker")
+                .unionByName(tagged(c.final, "final:", "broker"))
+                .unionByName(tagged(c.t.polls, "poll:", "process")))
+    return (observed.groupBy(*KEYS, "offset")
+            .agg(F.countDistinct(_vkey()).alias("values"),
+                 F.slice(F.array_sort(F.collect_set(_text("value"))), 1, 5).alias("distinct_values"),
+                 F.slice(F.array_sort(F.collect_set("source")), 1, 10).alias("sources"))
+            .where(F.col("values") > 1))
+
+
+def check_replica_divergence(c: Context) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    copy = F.struct("batch_crc", "leader_epoch", "batch_base_offset")
+    return (c.committed.groupBy(*KEYS, "offset")
+            .agg(F.countDistinct(copy).alias("variants"),
+                 F.array_sort(F.collect_list(F.struct("broker", "leader_epoch", "batch_crc",
+                                                      "batch_base_offset"))).alias("copies"))
+            .where(F.col("variants") > 1))
+
+
+def duplicate_groups(c: Context) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return (c.final.where(F.col("value").isNotNull()).groupBy("export", "topic", _vkey().alias("vkey"))
+            .agg(F.count("*").alias("copies"),
+                 F.first(_text("value")).alias("value"),
+                 F.array_sort(F.collect_list(F.struct("partition", "offset", "producer_id", "producer_epoch",
+                                                      "sequence"))).alias("positions"))
+            .where(F.col("copies") > 1).drop("vkey"))
+
+
+def idempotent_duplicates(c: Context) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return (c.final.where(F.col("value").isNotNull() & (F.col("producer_id") >= 0))
+            .groupBy("export", "topic", _vkey().alias("vkey"), "producer_id")
+            .agg(F.count("*").alias("copies"), F.first(_text("value")).alias("value"),
+                 F.array_sort(F.collect_list(F.struct("partition", "offset", "producer_epoch",
+                                                      "sequence"))).alias("positions"))
+            .where(F.col("copies") > 1).drop("vkey"))
+
+
+def _replica_order(t: Tables) -> DataFrame:
+    """Each record with the previous record of the same replica in file order."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    w = Window.partitionBy(*REPLICA).orderBy("segment", "position", "offset")
+    return (t.records.select(*REPLICA, "offset", "leader_epoch", "segment", "position")
+            .withColumn("prev_offset", F.lag("offset").over(w))
+            .withColumn("prev_epoch", F.lag("leader_epoch").over(w)))
+
+
+def check_offset_gaps(c: Context) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    ordered = _replica_order(c.t)
+    inner = (ordered.where(F.col("prev_offset").isNotNull() & (F.col("offset") > F.col("prev_offset") + 1))
+             .select(*REPLICA, "prev_offset", "offset", "segment"))
+    starts = c.t.replicas.select(*REPLICA, "log_start_offset")
+    first = (c.t.records.groupBy(*REPLICA).agg(F.min("offset").alias("offset"))
+             .join(starts, REPLICA)
+             .where((F.col("log_start_offset") >= 0) & (F.col("offset") > F.col("log_start_offset")))
+             .select(*REPLICA, (F.col("log_start_offset") - 1).alias("prev_offset"), "offset",
+                     F.lit("(log start)").alias("segment")))
+    return inner.unionByName(first)
+
+
+def check_offset_repeats(c: Context) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return (_replica_order(c.t)
+            .where(F.col("prev_offset").isNotNull() & (F.col("offset") <= F.col("prev_offset")))
+            .select(*REPLICA, "prev_offset", "offset", "segment", "position"))
+
+
+def check_epoch_regressions(c: Context) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return (_replica_order(c.t)
+            .where(F.col("prev_epoch").isNotNull() & (F.col("leader_epoch") < F.col("prev_epoch")))
+            .select(*REPLICA, "offset", "prev_epoch", "leader_epoch", "segment"))
+
+
+def check_hw_above_leo(c: Context) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return (c.t.replicas.where(F.col("high_watermark") > F.col("log_end_offset"))
+            .select(*REPLICA, "high_watermark", "log_end_offset", "data_dir"))
+
+
+def _poll_order(c: Context) -> DataFrame:
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    w = Window.partitionBy("export", "process", "topic", "partition").orderBy("seq", "time_ms")
+    return (c.t.polls.withColumn("prev_offset", F.lag("offset").over(w))
+            .withColumn("prev_seq", F.lag("seq").over(w))
+            .where(F.col("prev_offset").isNotNull()))
+
+
+def check_non_monotonic_polls(c: Context) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return (_poll_order(c).where(F.col("offset") <= F.col("prev_offset"))
+            .select("export", "process", "topic", "partition", "prev_seq", "seq", "prev_offset", "offset"))
+
+
+def check_skipped_polls(c: Context) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return (_poll_order(c).where(F.col("offset") > F.col("prev_offset") + 1)
+            .select("export", "process", "topic", "partition", "prev_seq", "seq", "prev_offset", "offset"))
+
+
+def check_dirty_reads(c: Context) -> DataFrame:
+    polls = c.t.polls.withColumn("vkey", _vkey())
+    final = c.final.select(*KEYS, _vkey().alias("vkey"))
+    return (polls.join(final, [*KEYS, "vkey"], "left_anti")
+            .select("export", "process", "seq", "topic", "partition", "offset", _text("value").alias("value")))
+
+
+def check_unseen_writes(c: Context) -> DataFrame:
+    acked = c.acked.withColumn("vkey", _vkey())
+    final = c.final.select(*KEYS, "offset", _vkey().alias("vkey"))
+    read = c.t.polls.select(*KEYS, _vkey().alias("vkey"))
+    return (acked.join(final, [*KEYS, "offset", "vkey"], "left_semi")
+            .join(read, [*KEYS, "vkey"], "left_anti")
+            .select("export", "process", "seq", "topic", "partition", "offset", _text("value").alias("value")))
+
+
+def check_damaged_files(c: Context) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return c.t.damaged.where(~F.col("kind").isin(*schema.INFORMATIONAL_DAMAGE))
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """A DataFrame of findings and the order its evidence rows are shown in."""
+
+    query: Callable[[Context], DataFrame]
+    order: tuple[str, ...]
+
+
+PARTITION_ORDER = ("topic", "partition", "offset")
+REPLICA_ORDER = ("broker", "topic", "partition", "offset")
+POLL_ORDER = ("process", "topic", "partition", "seq")
+
+QUERIES: dict[str, Query] = {
+    "lost_writes": Query(check_lost_writes, PARTITION_ORDER),
+    "inconsistent_offsets": Query(check_inconsistent_offsets, PARTITION_ORDER),
+    "replica_divergence": Query(check_replica_divergence, PARTITION_ORDER),
+    "duplicates:idempotent": Query(idempotent_duplicates, ("topic", "value")),
+    "duplicates:all": Query(duplicate_groups, ("topic", "value")),
+    "offset_gaps": Query(check_offset_gaps, REPLICA_ORDER),
+    "offset_repeats": Query(check_offset_repeats, ("broker", "topic", "partition", "segment", "position")),
+    "epoch_regressions": Query(check_epoch_regressions, REPLICA_ORDER),
+    "hw_above_leo": Query(check_hw_above_leo, ("broker", "topic", "partition")),
+    "non_monotonic_polls": Query(check_non_monotonic_polls, POLL_ORDER),
+    "skipped_polls": Query(check_skipped_polls, POLL_ORDER),
+    "dirty_reads": Query(check_dirty_reads, POLL_ORDER),
+    "unseen_writes": Query(check_unseen_writes, PARTITION_ORDER),
+    "damaged_files": Query(check_damaged_files, ("broker", "file", "position")),
+}
+HISTORY_CHECKS = frozenset({"lost_writes", "non_monotonic_polls", "skipped_polls", "dirty_reads", "unseen_writes"})
+
+CHECK_NAMES = ("lost_writes", "inconsistent_offsets", "replica_divergence", "duplicates", "offset_gaps",
+               "offset_repeats", "epoch_regressions", "hw_above_leo", "non_monotonic_polls",
+               "skipped_polls", "dirty_reads", "unseen_writes", "damaged_files")
+
+
+STAT_NAMES = ("record_rows", "replicas", "partitions", "final_log_records", "sends", "acked", "failed",
+              "indeterminate", "polls", "torn_tails")
+
+
+def _stat_queries(c: Context) -> dict[str, DataFrame]:
+    from pyspark.sql import functions as F
+
+    sends = c.t.sends
+    return {
+        "record_rows": c.t.records,
+        "replicas": c.t.replicas,
+        "partitions": c.t.replicas.select(*KEYS).distinct(),
+        "final_log_records": c.final,
+        "sends": sends,
+        "acked": c.acked,
+        "failed": sends.where(F.col("outcome") == "fail"),
+        "indeterminate": sends.where(F.col("outcome") == "info"),
+        "polls": c.t.polls,
+        "torn_tails": c.t.damaged.where(F.col("kind").isin(*schema.INFORMATIONAL_DAMAGE)),
+    }
+
+
+# ---------------------------------------------------------------- running
+
+Counts = dict[tuple[str, str], int]  # (query name, export) -> rows
+
+
+def _counts(named: dict[str, DataFrame]) -> Counts:
+    """Row counts per export of many DataFrames, in one Spark job."""
+    from pyspark.sql import functions as F
+
+    parts = [df.groupBy("export").agg(F.count(F.lit(1)).alias("n")).select(F.lit(name).alias("name"), "export", "n")
+             for name, df in named.items()]
+    union = reduce(lambda a, b: a.unionByName(b), parts)
+    return {(r["name"], _normalise(r["export"])): int(r["n"]) for r in union.collect()}
+
+
+def _evidence(c: Context, names: list[str], evidence_rows: int) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """The first rows of each named query per export, in one Spark job."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    if not names:
+        return {}
+    parts = []
+    for name in names:
+        q = QUERIES[name]
+        df = q.query(c)
+        row = F.to_json(F.struct(*[col for col in df.columns if col != "export"]))
+        w = Window.partitionBy("export").orderBy(*q.order)
+        parts.append(df.withColumn("_rank", F.row_number().over(w)).where(F.col("_rank") <= evidence_rows)
+                     .select(F.lit(name).alias("name"), "export", "_rank", row.alias("row")))
+    out: dict[tuple[str, str], list[tuple[int, dict[str, Any]]]] = {}
+    for r in reduce(lambda a, b: a.unionByName(b), parts).collect():
+        out.setdefault((r["name"], _normalise(r["export"])), []).append((r["_rank"], json.loads(r["row"])))
+    return {key: [row for _, row in sorted(rows, key=lambda x: x[0])] for key, rows in out.items()}
+
+
+def _export_results(export: str, has_history: bool, counts: Counts,
+                    evidence: dict[tuple[str, str], list[dict[str, Any]]]) -> list[CheckResult]:
+    def n(name: str) -> int:
+        return counts.get((name, export), 0)
+
+    def rows(name: str) -> list[dict[str, Any]]:
+        return evidence.get((name, export), [])
+
+    results: dict[str, CheckResult] = {}
+    for name in CHECK_NAMES:
+        if name in HISTORY_CHECKS and not has_history:
+            results[name] = CheckResult(name, Status.SKIPPED, 0, note="no workload history in this export")
+        elif name in QUERIES:
+            results[name] = CheckResult(name, Status.VIOLATION if n(name) else Status.OK, n(name), rows(name))
+    if has_history and n("stat:polls") == 0:
+        results["unseen_writes"] = CheckResult("unseen_writes", Status.SKIPPED, 0, note="the history has no polls")
+    if n("duplicates:idempotent"):
+        results["duplicates"] = CheckResult("duplicates", Status.VIOLATION, n("duplicates:idempotent"),
+                                            rows("duplicates:idempotent"),
+                                            "values written twice by one idempotent producer")
+    elif n("duplicates:all"):
+        results["duplicates"] = CheckResult(
+            "duplicates", Status.COUNTED, n("duplicates:all"), rows("duplicates:all"),
+            "values at two offsets, not from one idempotent producer (retries may duplicate)")
+    else:
+        results["duplicates"] = CheckResult("duplicates", Status.OK, 0)
+    if n("stat:torn_tails"):
+        d = results["damaged_files"]
+        results["damaged_files"] = CheckResult(d.name, d.status, d.count, d.evidence,
+                                               f"{n('stat:torn_tails')} torn tail(s) (partial last batch, "
+                                               "truncated by recovery)")
+    return [results[name] for name in CHECK_NAMES]
+
+
+def run_audits(spark: SparkSession, export_dirs: list[Path], *,
+               evidence_rows: int = EVIDENCE_ROWS) -> list[AuditReport]:
+    """Every check over several exports at once, one report each, in two Spark jobs.
+
+    The first job counts every query per export; the second fetches the first
+    ``evidence_rows`` rows of the queries that found something. ``ValueError``
+    if a directory is not an export.
+    """
+    from pyspark.sql import functions as F
+
+    if not export_dirs:
+        raise ValueError("no export directory given")
+    if len({_normalise(str(d)) for d in export_dirs}) != len(export_dirs):
+        raise ValueError("an export directory is given twice")
+    manifests = {_normalise(str(d)): schema.read_manifest(d) for d in export_dirs}
+    t = load_tables(spark, list(export_dirs))
+    c = Context(t=t, final=final_log(t), committed=committed_records(t),
+                acked=t.sends.where(F.col("outcome") == "ok"))
+    named = {name: q.query(c) for name, q in QUERIES.items()}
+    named.update({f"stat:{name}": df for name, df in _stat_queries(c).items()})
+    counts = _counts(named)
+    found = sorted({name for (name, _), n in counts.items() if n and name in QUERIES})
+    evidence = _evidence(c, found, evidence_rows)
+    reports = []
+    for d in export_dirs:
+        key = _normalise(str(d))
+        stats = {name: counts.get((f"stat:{name}", key), 0) for name in STAT_NAMES}
+        has_history = bool(manifests[key].get("has_history"))
+        reports.append(AuditReport(export_dir=str(d), checks=_export_results(key, has_history, counts, evidence),
+                                   stats=stats))
+    return reports
+
+
+def run_audit(spark: SparkSession, export_dir: Path, *, evidence_rows: int = EVIDENCE_ROWS) -> AuditReport:
+    """Every check over one export; ``ValueError`` if ``export_dir`` is not an export."""
+    return run_audits(spark, [export_dir], evidence_rows=evidence_rows)[0]
+
+
+# ---------------------------------------------------------------- output
+
+def format_summary(report: AuditReport) -> str:
+    """A readable table, then the evidence of each violation."""
+    lines = [f"audit of {report.export_dir}",
+             "  " + ", ".join(f"{k}={v}" for k, v in report.stats.items()), "",
+             f"  {'check':<22} {'status':<10} {'count':>8}  note",
+             f"  {'-' * 22} {'-' * 10} {'-' * 8}  {'-' * 4}"]
+    for c in report.checks:
+        lines.append(f"  {c.name:<22} {c.status.value:<10} {c.count:>8}  {c.note}".rstrip())
+    for c in report.checks:
+        if c.status in (Status.VIOLATION, Status.COUNTED) and c.evidence:
+            lines += ["", f"{c.name} ({c.status.value}, {c.count}), first rows:"]
+            lines += [f"  {json.dumps(row, sort_keys=True, default=str)}" for row in c.evidence]
+    lines += ["", "RESULT: " + ("ok, no violations" if report.ok
+                                else "VIOLATED: " + ", ".join(c.name for c in report.violations))]
+    return "\n".join(lines)
+
+
+def write_report(report: AuditReport, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report.to_json(), indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    tmp.replace(path)

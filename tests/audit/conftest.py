@@ -1,0 +1,21 @@
+"""One SparkSession for the whole test session (a JVM start costs seconds on 2 cores)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    pytest.importorskip("pyspark")
+    from audit.spark_audit import build_session
+
+    session = build_session("local[2]", app_name="minibroker-audit-tests", shuffle_partitions=2,
+                            driver_memory="768m")
+    try:
+        yield session
+    finally:
+        session.stop()
