@@ -23,6 +23,19 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
                    help="controller config (see common.config.CONTROLLER_CONFIGS)")
     p.set_defaults(func=run)
+    b = perf.add_parser("controller", help="controller: create_topics rate, failover fan-out, replay",
+                        description="Figures for the controller against stub brokers (controller/bench.py).")
+    b.add_argument("--brokers", type=int, default=3)
+    b.add_argument("--topics", type=int, default=200)
+    b.add_argument("--partitions", type=int, default=5)
+    b.add_argument("--replication-factor", type=int, default=3)
+    b.set_defaults(func=run_bench)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from controller.bench import main
+
+    return main(args)
 
 
 def parse_listen(text: str) -> tuple[str, int]:

@@ -30,7 +30,7 @@ from controller import ops
 from controller.journal import Journal
 from controller.propagator import Propagator, Transport
 from controller.rules import ElectionReason, expired_brokers
-from controller.state import NO_LEADER, ControllerEpochRecord, MetadataImage, RemoveTopicRecord
+from controller.state import NO_LEADER, ControllerEpochRecord, MetadataImage, RemoveTopicRecord, TopicRecord
 
 log = get_logger("controller")
 
@@ -185,9 +185,12 @@ class Controller:
             if tp.topic in deleted:
                 for r in st.replicas:
                     stops.setdefault(r, {})[tp] = st.leader_epoch
+        changed_tps = [c.tp for c in plan.changes]
+        changed_topics = [r.name for r in plan.records if isinstance(r, TopicRecord)]
         for b in self.image.unfenced():
             mine = lai.get(b, [])
             self.propagator.enqueue(b, partitions=[tp for tp in mine if tp not in new_tps], metadata=True,
+                                    metadata_tps=changed_tps, metadata_topics=changed_topics,
                                     stop=stops.get(b), deleted_topics=deleted)
             fresh = [tp for tp in mine if tp in new_tps]
             if fresh:

@@ -1,8 +1,11 @@
 """LeaderAndIsr / UpdateMetadata / StopReplica fan-out: one sender task per broker.
 
 Each broker has a ``BrokerSender`` holding what it still has to be told, as
-*keys*, not requests: the partitions whose LeaderAndIsr it must get, whether it
-needs a fresh UpdateMetadata, and the StopReplicas. Requests are built from the
+*keys*, not requests: the partitions whose LeaderAndIsr it must get, the
+partitions and topic configs its next UpdateMetadata must carry (or "all" after
+a (re)registration or a controller start), and the StopReplicas. UpdateMetadata
+is incremental like KRaft's metadata deltas: brokers merge partition states
+(broker/metadata_cache.py), and every live-broker list is complete. Requests are built from the
 current image when sent, so the queue is bounded by the number of partitions
 and always carries the latest state (an older state for the same partition is
 never sent after a newer one). Failed sends are retried with a bounded backoff
@@ -56,7 +59,10 @@ class _Pending:
     leader_and_isr: dict[TopicPartition, bool] = field(default_factory=dict)  # tp -> is_new
     stop: dict[TopicPartition, int] = field(default_factory=dict)  # tp -> leader_epoch at deletion
     deleted_topics: set[str] = field(default_factory=set)
-    metadata: bool = False
+    metadata: bool = False  # an UpdateMetadata is due (at least the live brokers changed)
+    metadata_full: bool = False  # ... carrying every partition and topic config
+    metadata_tps: set[TopicPartition] = field(default_factory=set)
+    metadata_topics: set[str] = field(default_factory=set)  # topics whose configs it carries
 
     def empty(self) -> bool:
         return not (self.leader_and_isr or self.stop or self.metadata)
@@ -68,6 +74,9 @@ class _Pending:
             self.stop.setdefault(tp, epoch)
         self.deleted_topics |= other.deleted_topics
         self.metadata = self.metadata or other.metadata
+        self.metadata_full = self.metadata_full or other.metadata_full
+        self.metadata_tps |= other.metadata_tps
+        self.metadata_topics |= other.metadata_topics
 
 
 class BrokerSender:
@@ -119,7 +128,7 @@ class BrokerSender:
                     return False
             work.leader_and_isr.clear()
             if work.metadata and not await self._call(reg, "update_metadata",
-                                                      self._p.update_metadata_body(reg, work.deleted_topics)):
+                                                      self._p.update_metadata_body(reg, work)):
                 return False
         except RpcError as exc:
             log.info("propagation_failed", broker_id=self.node_id, error=str(exc))
@@ -164,8 +173,9 @@ class Propagator:
         return dict(self._senders)
 
     def enqueue(self, node_id: int, *, partitions: Iterable[TopicPartition] = (), new: bool = False,
-                metadata: bool = False, stop: dict[TopicPartition, int] | None = None,
-                deleted_topics: Iterable[str] = ()) -> None:
+                metadata: bool = False, metadata_full: bool = False,
+                metadata_tps: Iterable[TopicPartition] = (), metadata_topics: Iterable[str] = (),
+                stop: dict[TopicPartition, int] | None = None, deleted_topics: Iterable[str] = ()) -> None:
         if self._closed:
             return
         reg = self.registration(node_id)
@@ -178,13 +188,17 @@ class Propagator:
             sender.pending.stop.setdefault(tp, epoch)
             sender.pending.leader_and_isr.pop(tp, None)
         sender.pending.deleted_topics.update(deleted_topics)
-        sender.pending.metadata = sender.pending.metadata or metadata
+        sender.pending.metadata = sender.pending.metadata or metadata or metadata_full
+        sender.pending.metadata_full = sender.pending.metadata_full or metadata_full
+        if not sender.pending.metadata_full:
+            sender.pending.metadata_tps.update(metadata_tps)
+            sender.pending.metadata_topics.update(metadata_topics)
         sender.wake()
 
     def full_sync(self, node_id: int) -> None:
         """Everything a (re)registered broker must know: all its partitions and the whole metadata."""
         image = self._image_fn()
-        self.enqueue(node_id, partitions=[tp for tp, _ in image.partitions_of_broker(node_id)], metadata=True)
+        self.enqueue(node_id, partitions=[tp for tp, _ in image.partitions_of_broker(node_id)], metadata_full=True)
 
     def drop(self, node_id: int) -> None:
         sender = self._senders.get(node_id)
@@ -218,12 +232,18 @@ class Propagator:
         return {**self._header(reg), "partition_states": states, "live_leaders": live_leaders,
                 "topic_configs": {t: dict(image.topics.get(t, {})) for t in sorted(topics)}}
 
-    def update_metadata_body(self, reg: BrokerRegistration, deleted_topics: Iterable[str]) -> dict[str, Any]:
+    def update_metadata_body(self, reg: BrokerRegistration, work: _Pending) -> dict[str, Any]:
         image = self._image_fn()
+        if work.metadata_full:
+            tps: Iterable[TopicPartition] = image.partitions
+            topics: Iterable[str] = image.topics
+        else:
+            tps = [tp for tp in work.metadata_tps if tp in image.partitions]
+            topics = [t for t in work.metadata_topics if t in image.topics]
         return {**self._header(reg), "brokers": live_endpoints(image),
-                "partition_states": [partition_state_wire(tp, st) for tp, st in sorted(image.partitions.items())],
-                "topic_configs": {t: dict(c) for t, c in sorted(image.topics.items())},
-                "deleted_topics": sorted(t for t in deleted_topics if t not in image.topics)}
+                "partition_states": [partition_state_wire(tp, image.partitions[tp]) for tp in sorted(tps)],
+                "topic_configs": {t: dict(image.topics[t]) for t in sorted(topics)},
+                "deleted_topics": sorted(t for t in work.deleted_topics if t not in image.topics)}
 
     def stop_replica_body(self, reg: BrokerRegistration, work: _Pending) -> dict[str, Any]:
         return {**self._header(reg),
