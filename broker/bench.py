@@ -1,0 +1,192 @@
+"""``minibroker perf broker``: produce throughput of one broker vs a bare aiohttp server.
+
+Both servers run as separate processes on 127.0.0.1; the same client (one
+keep-alive aiohttp session, ``--concurrency`` requests in flight) sends the
+same produce bodies (one batch of ``--records`` x ``--record-size`` bytes,
+acks=1, one partition) to each in the same run. The bare server reads the body
+and answers a tiny msgpack map. Figures are printed, never asserted.
+
+``python -m broker.bench bare DIR`` runs the bare server (writes DIR/endpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from common.wire import CONTENT_TYPE, decode, encode
+
+REPO = Path(__file__).resolve().parent.parent
+TOPIC = "bench"
+
+
+async def _bare_server(data_dir: Path) -> None:
+    answer = encode({"topics": [{"topic": TOPIC, "partitions": [{"partition": 0, "error": 0, "base_offset": 0,
+                                                                  "log_start_offset": 0}]}]})
+
+    async def handle(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=answer, content_type=CONTENT_TYPE)
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/v1/produce", handle)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    (data_dir / "endpoint").write_text(f"127.0.0.1:{runner.addresses[0][1]}\n")
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+
+
+async def _stub_controller() -> tuple[web.AppRunner, str]:
+    """Just enough controller for a broker to register and heartbeat."""
+    async def register(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=encode({"error": 0, "broker_epoch": 1}), content_type=CONTENT_TYPE)
+
+    async def heartbeat(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=encode({"error": 0, "is_fenced": False, "should_shutdown": False,
+                                         "heartbeat_interval_ms": 2000}), content_type=CONTENT_TYPE)
+
+    async def shutdown(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=encode({"error": 0, "remaining_partitions": []}), content_type=CONTENT_TYPE)
+
+    app = web.Application()
+    app.router.add_post("/v1/broker_registration", register)
+    app.router.add_post("/v1/broker_heartbeat", heartbeat)
+    app.router.add_post("/v1/controlled_shutdown", shutdown)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, f"127.0.0.1:{runner.addresses[0][1]}"
+
+
+def _spawn(args: list[str], data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log = open(data_dir.parent / f"{data_dir.name}.stderr.log", "wb")  # noqa: SIM115 - lives with the process
+    proc = subprocess.Popen([sys.executable, *args], cwd=REPO, stdout=subprocess.DEVNULL, stderr=log,
+                            stdin=subprocess.DEVNULL)
+    log.close()
+    endpoint = data_dir / "endpoint"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if endpoint.exists() and endpoint.read_text().strip():
+            return proc, endpoint.read_text().strip()
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"{args[:3]} did not start; see {data_dir}.stderr.log")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def _drive(address: str, body: bytes, requests: int, concurrency: int) -> tuple[float, int]:
+    """Send ``requests`` produce bodies with ``concurrency`` in flight; -> (seconds, errors)."""
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    errors = 0
+    url = f"http://{address}/v1/produce"
+    headers = {"Content-Type": CONTENT_TYPE}
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def one() -> bool:
+            async with session.post(url, data=body, headers=headers) as resp:
+                answer = decode(await resp.read())
+            part = answer["topics"][0]["partitions"][0]
+            return resp.status == 200 and part["error"] == 0
+
+        for _ in range(min(50, requests)):  # warm-up: connections, caches
+            await one()
+        remaining = requests
+
+        async def worker() -> None:
+            nonlocal remaining, errors
+            while remaining > 0:
+                remaining -= 1
+                if not await one():
+                    errors += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return time.perf_counter() - start, errors
+
+
+def _produce_body(records: int, record_size: int) -> bytes:
+    from storage.record_batch import build_batch
+
+    value = b"x" * record_size
+    batch = build_batch([(None, value)] * records, timestamp_ms=int(time.time() * 1000))
+    return encode({"acks": 1, "timeout_ms": 30_000,
+                   "topics": [{"topic": TOPIC, "partitions": [{"partition": 0, "records": batch}]}]})
+
+
+async def _perf(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    body = _produce_body(args.records, args.record_size)
+    stub, controller = await _stub_controller()
+    broker, broker_addr = _spawn(["-m", "cli.main", "broker", "--node-id", "1", "--listen", "127.0.0.1:0",
+                                  "--controller", controller, "--data-dir", str(work / "broker"),
+                                  "--set", "log.segment.bytes=268435456"], work / "broker")
+    bare, bare_addr = _spawn(["-m", "broker.bench", "bare", str(work / "bare")], work / "bare")
+    rows = []
+    try:
+        async with aiohttp.ClientSession() as s:
+            lai = {"controller_id": 0, "controller_epoch": 1, "broker_epoch": -1,
+                   "partition_states": [{"topic": TOPIC, "partition": 0, "leader": 1, "leader_epoch": 0,
+                                         "isr": [1], "partition_epoch": 0, "replicas": [1], "is_new": True}],
+                   "live_leaders": [], "topic_configs": {}}
+            async with s.post(f"http://{broker_addr}/v1/leader_and_isr", data=encode(lai)) as resp:
+                assert decode(await resp.read())["error"] == 0
+        for name, addr in (("bare aiohttp", bare_addr), ("broker", broker_addr)):
+            seconds, errors = await _drive(addr, body, args.requests, args.concurrency)
+            rows.append({"target": name, "seconds": seconds, "errors": errors, "req_s": args.requests / seconds,
+                         "records_s": args.requests * args.records / seconds,
+                         "mb_s": args.requests * len(body) / seconds / 1e6})
+    finally:
+        _stop(broker)
+        _stop(bare)
+        await stub.cleanup()
+    return rows
+
+
+def run_perf(args: argparse.Namespace) -> int:
+    with contextlib.ExitStack() as stack:
+        work = args.data_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mb-perf-")))
+        rows = asyncio.run(_perf(args, Path(work)))
+    print(f"produce: 1 partition, acks=1, {args.requests} requests of {args.records} x {args.record_size} B "
+          f"records, {args.concurrency} in flight, cpus={os.cpu_count()}")
+    print(f"{'target':<14}{'req/s':>10}{'records/s':>14}{'MB/s':>10}{'errors':>8}")
+    for r in rows:
+        print(f"{r['target']:<14}{r['req_s']:>10.0f}{r['records_s']:>14.0f}{r['mb_s']:>10.1f}{r['errors']:>8}")
+    print(f"broker / bare request rate: {rows[1]['req_s'] / rows[0]['req_s']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "bare":
+        asyncio.run(_bare_server(Path(sys.argv[2])))
+    else:
+        print("usage: python -m broker.bench bare DIR", file=sys.stderr)
+        sys.exit(2)
