@@ -1,0 +1,598 @@
+"""The log of one partition: an ordered list of segments plus its leader-epoch cache.
+
+Directory ``<data-dir>/<topic>-<partition>/`` holds the segments
+(``<20-digit base>.log/.index/.timeindex``, see ``storage.segment`` and
+``storage.index``) and ``leader-epoch-checkpoint`` (``storage.checkpoint``).
+The recovery point and log start offset are persisted by the ``LogManager``'s
+checkpoint files; the high watermark is not the log's business.
+
+Blocking I/O and the event loop
+-------------------------------
+``Log.open`` (which may validate whole segments) is blocking: call it through
+``asyncio.to_thread`` (``LogManager`` does). Once open, a ``Log`` belongs to one
+thread (the event loop) and is not thread-safe. Appends and reads are bounded
+in size (a produce request, ``replica.fetch.max.bytes``) and are done inline
+with ``os.writev`` / ``os.pread`` on the page cache: at a few MiB a thread hop
+costs more than the copy. The fsync of a rolled segment can be large (up to
+``segment.bytes`` of dirty pages): with ``defer_roll_flush`` set (the
+``LogManager`` sets it) ``roll`` only queues the segment and
+``flush_rolled_segments`` fsyncs duplicated descriptors in a worker thread,
+like Kafka's scheduled ``flush-log`` task; otherwise ``roll`` fsyncs inline.
+
+Flush policy (Kafka's): no fsync per append; fsync when ``flush.messages``
+messages or ``flush.ms`` are reached (checked on append and by ``maybe_flush``),
+on roll, and on close. ``recovery_point`` is the offset up to which everything
+is known to be on disk.
+
+Recovery (``open``): segments from the one holding the recovery point onward
+are validated batch by batch (``LogSegment.recover``: length, magic, CRC,
+record count, offset continuity, epoch-cache agreement); the first bad byte and
+everything after it is cut, later segments are deleted, and indexes are
+rebuilt. Earlier segments only get their indexes sanity-checked (rebuilt from a
+header scan when missing or inconsistent).
+
+Offsets, like Kafka: ``truncate_to(offset)`` removes the batch holding
+``offset`` and all later ones (so the LEO is the start of that batch, which is
+``offset`` whenever offset is a batch boundary, as replication guarantees).
+``read`` returns whole batches; the first may begin before ``start_offset``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import struct
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+from common.clock import Clock
+from common.config import Config
+from common.errors import ErrorCode, MinibrokerError
+from common.logging import get_logger
+from common.wire import TopicPartition
+from storage import checkpoint
+from storage.epoch_cache import EpochEntry, LeaderEpochCache
+from storage.record_batch import LOG_OVERHEAD, MIN_BATCH_LENGTH, BatchTooLargeError, BatchTooShortError
+from storage.segment import BatchMeta, LogSegment, log_path
+
+EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+
+_HEADER_FIELDS = struct.Struct(">qiibIhiqqqhii")
+_STAMP_PREFIX = struct.Struct(">qii")  # base_offset, batch_length, partition_leader_epoch: bytes [0, 16)
+
+log = get_logger("storage.log")
+
+
+class StorageError(MinibrokerError):
+    code = ErrorCode.KAFKA_STORAGE_ERROR
+
+
+class OffsetOutOfRangeError(MinibrokerError):
+    code = ErrorCode.OFFSET_OUT_OF_RANGE
+
+
+class OffsetMismatchError(MinibrokerError):
+    """A follower append that does not start at the LEO or is not contiguous."""
+
+    code = ErrorCode.UNKNOWN_SERVER_ERROR
+
+
+class StaleLeaderEpochError(MinibrokerError):
+    """An append whose leader epoch is older than the log's latest epoch."""
+
+    code = ErrorCode.FENCED_LEADER_EPOCH
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    segment_bytes: int = 1024 * 1024 * 1024
+    segment_ms: int = 7 * 24 * 3600 * 1000
+    retention_bytes: int = -1
+    retention_ms: int = 7 * 24 * 3600 * 1000
+    index_interval_bytes: int = 4096
+    flush_messages: int = 2**63 - 1
+    flush_ms: int = 2**63 - 1
+    max_message_bytes: int = 1024 * 1024 + 12
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> LogConfig:
+        return cls(
+            segment_bytes=cfg.get_int("log.segment.bytes"),
+            segment_ms=cfg.get_int("log.roll.ms"),
+            retention_bytes=cfg.get_int("log.retention.bytes"),
+            retention_ms=cfg.get_int("log.retention.ms"),
+            index_interval_bytes=cfg.get_int("log.index.interval.bytes"),
+            flush_messages=cfg.get_int("log.flush.interval.messages"),
+            flush_ms=cfg.get_int("log.flush.interval.ms"),
+            max_message_bytes=cfg.get_int("message.max.bytes"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInfo:
+    first_offset: int
+    last_offset: int
+    num_records: int
+    max_timestamp: int
+    size_bytes: int
+    batches: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchData:
+    records: bytes
+    first_offset: int  # base offset of the first returned batch; -1 if empty
+
+
+@dataclass(frozen=True, slots=True)
+class TimestampOffset:
+    timestamp: int
+    offset: int
+    leader_epoch: int
+
+
+EMPTY_FETCH = FetchData(b"", -1)
+
+
+def parse_topic_partition(dir: Path) -> TopicPartition:
+    topic, sep, partition = dir.name.rpartition("-")
+    if not sep or not topic or not partition.isdigit():
+        raise ValueError(f"{dir}: not a <topic>-<partition> directory")
+    return TopicPartition(topic, int(partition))
+
+
+class Log:
+    def __init__(self, dir: Path, config: LogConfig, clock: Clock, tp: TopicPartition) -> None:
+        self.dir = dir
+        self.config = config
+        self.clock = clock
+        self.topic_partition = tp
+        self.segments: list[LogSegment] = []
+        self._bases: list[int] = []
+        self.log_start_offset = 0
+        self.log_end_offset = 0
+        self.recovery_point = 0
+        self.epoch_cache = LeaderEpochCache()
+        self.defer_roll_flush = False
+        self._rolled_unflushed: list[LogSegment] = []
+        self._unflushed_messages = 0
+        self._last_flush_ms = clock.monotonic_ms()
+        self._generation = 0  # bumped by truncation: a deferred flush must not move the recovery point
+        self._failed: str | None = None
+        self._log = log.bind(topic=tp.topic, partition=tp.partition)
+
+    # ---- open and recovery ---------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, dir: Path, config: LogConfig, clock: Clock, *, recovery_point: int = 0,
+             log_start_offset: int | None = None) -> Log:
+        """Open (creating if needed) and recover a partition directory. Blocking."""
+        self = cls(dir, config, clock, parse_topic_partition(dir))
+        try:
+            dir.mkdir(parents=True, exist_ok=True)
+            self._load(recovery_point, log_start_offset)
+        except OSError as exc:
+            self._close_segments()
+            raise StorageError(f"{dir}: cannot open log: {exc}") from exc
+        return self
+
+    def _load(self, recovery_point: int, log_start_offset: int | None) -> None:
+        bases = self._clean_directory()
+        self.epoch_cache = LeaderEpochCache(self._read_epochs(), on_change=self._write_epochs)
+        floor = max([b for b in bases if b <= recovery_point], default=bases[0] if bases else 0)
+        now = self.clock.now_ms()
+        for i, base in enumerate(bases):
+            if base < floor:
+                seg = LogSegment.open_existing(self.dir, base, self.config.index_interval_bytes, now)
+            else:
+                seg = self._recover_segment(base, now)
+            self.segments.append(seg)
+            if seg.base_offset >= floor and i + 1 < len(bases) and seg.next_offset != bases[i + 1]:
+                self._drop_after(bases[i + 1:], seg)
+                break
+        if not self.segments:
+            start = log_start_offset or 0
+            self.segments.append(LogSegment.create(self.dir, start, self.config.index_interval_bytes, now))
+        self._bases = [s.base_offset for s in self.segments]
+        self.log_end_offset = self.segments[-1].next_offset
+        first = self.segments[0].base_offset
+        self.log_start_offset = min(max(log_start_offset if log_start_offset is not None else first, first),
+                                    self.log_end_offset)
+        self.epoch_cache.truncate_from_end(self.log_end_offset)
+        self.epoch_cache.truncate_from_start(self.log_start_offset)
+        self.recovery_point = self.log_end_offset
+        self._log.info("log_opened", log_start_offset=self.log_start_offset, offset=self.log_end_offset,
+                       segments=len(self.segments), leader_epoch=self.epoch_cache.latest_epoch())
+
+    def _clean_directory(self) -> list[int]:
+        """Remove leftovers (temp files, orphan indexes); the sorted segment base offsets."""
+        bases = []
+        for path in self.dir.iterdir():
+            name, _, ext = path.name.partition(".")
+            if path.name.endswith((".tmp", ".deleted", ".cleaned", ".swap")):
+                path.unlink(missing_ok=True)
+            elif ext == "log" and name.isdigit() and len(name) == 20:
+                bases.append(int(name))
+            elif ext in ("index", "timeindex") and not (self.dir / f"{name}.log").exists():
+                path.unlink(missing_ok=True)
+        return sorted(bases)
+
+    def _recover_segment(self, base: int, now: int) -> LogSegment:
+        fd = os.open(log_path(self.dir, base), os.O_RDWR | os.O_APPEND)
+        seg = LogSegment(self.dir, base, fd, self.config.index_interval_bytes, now)
+        result = seg.recover(self.epoch_cache.epoch_for_offset)
+        if result.truncated_bytes:
+            self._log.warning("log_recovery_truncated", base_offset=base, offset=seg.next_offset,
+                              position=result.valid_bytes, truncated_bytes=result.truncated_bytes,
+                              reason=result.reason)
+        seg.flush()
+        return seg
+
+    def _drop_after(self, bases: Sequence[int], seg: LogSegment) -> None:
+        self._log.warning("log_recovery_dropped_segments", offset=seg.next_offset, base_offsets=list(bases))
+        for base in bases:
+            doomed = LogSegment(self.dir, base, -1, self.config.index_interval_bytes, 0)
+            doomed.delete()
+
+    def _read_epochs(self) -> list[EpochEntry]:
+        path = self.dir / EPOCH_CHECKPOINT
+        try:
+            return checkpoint.read_epochs(path)
+        except checkpoint.CheckpointError as exc:
+            self._log.warning("epoch_checkpoint_unreadable", error=str(exc))
+            return []
+
+    def _write_epochs(self, entries: list[EpochEntry]) -> None:
+        try:
+            checkpoint.write_epochs(self.dir / EPOCH_CHECKPOINT, entries)
+        except OSError as exc:
+            self._fail(exc)
+
+    # ---- appending -----------------------------------------------------------------------------------------
+    def append_as_leader(self, records: bytes, leader_epoch: int) -> AppendInfo:
+        """Assign offsets from the LEO and stamp ``leader_epoch`` (records already validated)."""
+        self._check_usable()
+        if leader_epoch < 0:
+            raise ValueError(f"leader epoch {leader_epoch} < 0")
+        latest = self.epoch_cache.latest_epoch()
+        if latest is not None and leader_epoch < latest:
+            raise StaleLeaderEpochError(f"{self.topic_partition}: leader epoch {leader_epoch} < latest {latest}")
+        view = memoryview(records)
+        chunks: list[bytes | memoryview] = []
+        metas: list[BatchMeta] = []
+        offset, pos, n, num_records = self.log_end_offset, 0, len(records), 0
+        while pos < n:
+            size, lod, max_ts, count = self._frame(records, pos, n)
+            chunks.append(_STAMP_PREFIX.pack(offset, size - LOG_OVERHEAD, leader_epoch))
+            chunks.append(view[pos + 16:pos + size])
+            metas.append(BatchMeta(offset, size, max_ts, offset + lod + 1))
+            offset += lod + 1
+            pos += size
+            num_records += count
+        self.epoch_cache.assign(leader_epoch, self.log_end_offset)
+        return self._append(chunks, n, metas, num_records)
+
+    def append_as_follower(self, records: bytes) -> AppendInfo:
+        """Append the leader's batches as they are; they must start at the LEO and be contiguous."""
+        self._check_usable()
+        metas: list[BatchMeta] = []
+        expected, pos, n, num_records = self.log_end_offset, 0, len(records), 0
+        epochs: list[tuple[int, int]] = []
+        while pos < n:
+            size, lod, max_ts, count = self._frame(records, pos, n)
+            base, _, epoch = _STAMP_PREFIX.unpack_from(records, pos)
+            if base != expected:
+                raise OffsetMismatchError(f"{self.topic_partition}: batch at offset {base}, expected {expected}")
+            metas.append(BatchMeta(base, size, max_ts, base + lod + 1))
+            if epoch >= 0 and (not epochs or epochs[-1][0] != epoch):
+                epochs.append((epoch, base))
+            expected = base + lod + 1
+            pos += size
+            num_records += count
+        for epoch, base in epochs:
+            self._follow_epoch(epoch, base)
+        return self._append([records], n, metas, num_records)
+
+    def _follow_epoch(self, epoch: int, base: int) -> None:
+        latest = self.epoch_cache.latest_entry()
+        if latest is not None and epoch < latest.epoch:
+            if latest.start_offset < base:
+                raise StaleLeaderEpochError(f"{self.topic_partition}: batch epoch {epoch} at {base} is older "
+                                            f"than epoch {latest.epoch} started at {latest.start_offset}")
+            self.epoch_cache.truncate_from_end(base)  # an assignment with no data yet, superseded
+        self.epoch_cache.assign(epoch, base)
+
+    def _frame(self, records: bytes, pos: int, n: int) -> tuple[int, int, int, int]:
+        """(size, last_offset_delta, max_timestamp, record_count) of the batch at ``pos``."""
+        if n - pos < 61:
+            raise BatchTooShortError(f"partial batch header at {pos}")
+        f = _HEADER_FIELDS.unpack_from(records, pos)
+        size = f[1] + LOG_OVERHEAD
+        if f[1] < MIN_BATCH_LENGTH or pos + size > n:
+            raise BatchTooShortError(f"batch at {pos}: length {f[1]} exceeds the {n - pos} bytes left")
+        if size > self.config.segment_bytes:
+            raise BatchTooLargeError(f"batch of {size} bytes > segment.bytes {self.config.segment_bytes}")
+        return size, f[6], f[8], f[12]
+
+    def _append(self, chunks: Sequence[bytes | memoryview], nbytes: int, metas: list[BatchMeta],
+                num_records: int) -> AppendInfo:
+        if not metas:
+            raise ValueError("nothing to append")
+        max_ts = max(m.max_timestamp for m in metas)
+        seg = self.segments[-1]
+        if seg.should_roll(nbytes, max_ts, self.clock.now_ms(), self.config.segment_bytes,
+                           self.config.segment_ms, metas[-1].next_offset - 1):
+            self.roll()
+            seg = self.segments[-1]
+        try:
+            seg.append(chunks, nbytes, metas)
+        except OSError as exc:
+            self._fail(exc)
+        first = metas[0].base_offset
+        self.log_end_offset = metas[-1].next_offset
+        self._unflushed_messages += num_records
+        self.maybe_flush()
+        return AppendInfo(first, self.log_end_offset - 1, num_records, max_ts, nbytes, len(metas))
+
+    # ---- reading -------------------------------------------------------------------------------------------
+    def read(self, start_offset: int, max_bytes: int, max_offset: int | None = None,
+             min_one_batch: bool = True) -> FetchData:
+        """Whole batches from the one holding ``start_offset``, at most ``max_bytes`` (at least one
+        batch if ``min_one_batch``), none with an offset >= ``max_offset`` (default: the LEO).
+        Reads one segment; may return fewer bytes than allowed (the end is a known index entry)."""
+        self._check_usable()
+        leo = self.log_end_offset
+        if start_offset < self.log_start_offset or start_offset > leo:
+            raise OffsetOutOfRangeError(f"{self.topic_partition}: offset {start_offset} outside "
+                                        f"[{self.log_start_offset}, {leo}]")
+        limit = leo if max_offset is None else min(max_offset, leo)
+        if start_offset >= limit:
+            return EMPTY_FETCH
+        i = bisect_right(self._bases, start_offset) - 1
+        try:
+            for seg in self.segments[max(i, 0):]:
+                data = seg.read(start_offset, max_bytes, limit, min_one_batch)
+                if data is not None:
+                    return FetchData(data, _STAMP_PREFIX.unpack_from(data)[0]) if data else EMPTY_FETCH
+        except OSError as exc:
+            self._fail(exc)
+        return EMPTY_FETCH
+
+    def fetch_offset_by_timestamp(self, ts: int) -> TimestampOffset | None:
+        """First record with timestamp >= ts at or after the log start; -1 latest, -2 earliest."""
+        self._check_usable()
+        if ts == LATEST_TIMESTAMP:
+            return TimestampOffset(-1, self.log_end_offset, self.latest_epoch() or -1)
+        if ts == EARLIEST_TIMESTAMP:
+            epoch = self.epoch_cache.epoch_for_offset(self.log_start_offset)
+            return TimestampOffset(-1, self.log_start_offset, -1 if epoch is None else epoch)
+        for seg in self.segments:
+            if seg.rule.max_timestamp < ts or seg.next_offset <= self.log_start_offset:
+                continue
+            found = seg.find_timestamp(ts, self.log_start_offset)
+            if found is not None:
+                return TimestampOffset(*found)
+        return None
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        return self.epoch_cache.end_offset_for(epoch, self.log_end_offset)
+
+    def latest_epoch(self) -> int | None:
+        return self.epoch_cache.latest_epoch()
+
+    def maybe_assign_epoch_start_offset(self, epoch: int, start_offset: int) -> None:
+        """What a new leader does: its epoch starts at its LEO."""
+        self.epoch_cache.assign(epoch, start_offset)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    # ---- rolling and flushing ------------------------------------------------------------------------------
+    def maybe_roll(self) -> None:
+        seg = self.segments[-1]
+        if seg.should_roll(0, self.clock.now_ms(), self.clock.now_ms(), self.config.segment_bytes,
+                           self.config.segment_ms, self.log_end_offset):
+            self.roll()
+
+    def roll(self) -> None:
+        """Start a new active segment at the LEO (no-op when the active one is empty)."""
+        self._check_usable()
+        old = self.segments[-1]
+        if old.size == 0:
+            return
+        try:
+            old.persist_indexes(fsync=False)
+            if self.defer_roll_flush:
+                self._rolled_unflushed.append(old)
+            else:
+                old.flush()
+            new = LogSegment.create(self.dir, self.log_end_offset, self.config.index_interval_bytes,
+                                    self.clock.now_ms())
+        except OSError as exc:
+            self._fail(exc)
+        self.segments.append(new)
+        self._bases.append(new.base_offset)
+        if not self.defer_roll_flush and not any(s.unflushed for s in self.segments[:-1]):
+            self.recovery_point = max(self.recovery_point, new.base_offset)
+        self._log.info("segment_rolled", base_offset=new.base_offset, offset=self.log_end_offset)
+
+    async def flush_rolled_segments(self) -> None:
+        """fsync segments rolled with ``defer_roll_flush`` in a worker thread; then move the recovery point."""
+        segs, self._rolled_unflushed = self._rolled_unflushed, []
+        segs = [s for s in segs if s.fd >= 0]
+        if not segs:
+            return
+        upto, generation = segs[-1].next_offset, self._generation
+        fds = [os.dup(s.fd) for s in segs]
+        try:
+            await asyncio.to_thread(_fsync_all, fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        for s in segs:
+            s.unflushed = False
+        if generation == self._generation and not any(s.unflushed for s in self.segments[:-1]):
+            self.recovery_point = max(self.recovery_point, min(upto, self.log_end_offset))
+
+    def maybe_flush(self) -> None:
+        """fsync if ``flush.messages`` or ``flush.ms`` says so."""
+        if self._unflushed_messages == 0:
+            return
+        if (self._unflushed_messages >= self.config.flush_messages
+                or self.clock.monotonic_ms() - self._last_flush_ms >= self.config.flush_ms):
+            self.flush()
+
+    def flush(self) -> None:
+        """fsync every segment with unflushed data (and its indexes); recovery point := LEO."""
+        self._check_usable()
+        try:
+            for seg in self.segments:
+                if seg.unflushed:
+                    seg.flush()
+        except OSError as exc:
+            self._fail(exc)
+        self._rolled_unflushed = []
+        self.recovery_point = self.log_end_offset
+        self._unflushed_messages = 0
+        self._last_flush_ms = self.clock.monotonic_ms()
+
+    # ---- truncation and retention --------------------------------------------------------------------------
+    def truncate_to(self, offset: int) -> bool:
+        """Remove every batch holding an offset >= ``offset``; True if anything was removed."""
+        self._check_usable()
+        if offset < 0:
+            raise ValueError(f"cannot truncate to {offset}")
+        if offset >= self.log_end_offset:
+            return False
+        if offset < self.log_start_offset:
+            self.truncate_fully_and_start_at(offset)
+            return True
+        old_leo = self.log_end_offset
+        try:
+            while len(self.segments) > 1 and self.segments[-1].base_offset > offset:
+                self.segments.pop().delete()
+                self._bases.pop()
+            self.segments[-1].truncate_to(offset)
+        except OSError as exc:
+            self._fail(exc)
+        self._after_truncation(self.segments[-1].next_offset)
+        self._log.info("log_truncated", offset=self.log_end_offset, previous_offset=old_leo,
+                       leader_epoch=self.epoch_cache.latest_epoch())
+        return True
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Delete everything; the log restarts empty at ``offset`` (a follower far behind the leader)."""
+        self._check_usable()
+        if offset < 0:
+            raise ValueError(f"cannot start at {offset}")
+        try:
+            for seg in self.segments:
+                seg.delete()
+            self.segments = [LogSegment.create(self.dir, offset, self.config.index_interval_bytes,
+                                               self.clock.now_ms())]
+        except OSError as exc:
+            self._fail(exc)
+        self._bases = [offset]
+        self.log_start_offset = offset
+        self.epoch_cache.clear()
+        self._after_truncation(offset)
+        self._log.info("log_truncated_fully", offset=offset)
+
+    def _after_truncation(self, leo: int) -> None:
+        self.log_end_offset = leo
+        self.epoch_cache.truncate_from_end(leo)
+        self.recovery_point = min(self.recovery_point, leo)
+        self._rolled_unflushed = [s for s in self._rolled_unflushed if s.fd >= 0]
+        self._generation += 1
+
+    def maybe_increment_log_start_offset(self, offset: int) -> bool:
+        """Move the log start forward (never past the LEO); segments below it go at the next retention run."""
+        if offset > self.log_end_offset:
+            raise OffsetOutOfRangeError(f"{self.topic_partition}: log start {offset} > LEO {self.log_end_offset}")
+        if offset <= self.log_start_offset:
+            return False
+        self.log_start_offset = offset
+        self.epoch_cache.truncate_from_start(offset)
+        self._log.info("log_start_offset_incremented", log_start_offset=offset)
+        return True
+
+    def delete_old_segments(self, high_watermark: int | None = None) -> int:
+        """Kafka's retention: delete whole non-active segments, oldest first, that are past
+        ``retention.ms`` (by their largest timestamp), beyond ``retention.bytes``, or wholly below
+        the log start offset; never data at or above ``high_watermark`` when given. Returns the count."""
+        self._check_usable()
+        now, cfg = self.clock.now_ms(), self.config
+        total = self.size_bytes
+        doomed = 0
+        for i, seg in enumerate(self.segments[:-1]):
+            upper = self.segments[i + 1].base_offset
+            if high_watermark is not None and upper > high_watermark:
+                break
+            if not ((cfg.retention_ms >= 0 and now - seg.rule.max_timestamp > cfg.retention_ms)
+                    or (cfg.retention_bytes >= 0 and total - seg.size >= cfg.retention_bytes)
+                    or upper <= self.log_start_offset):
+                break
+            total -= seg.size
+            doomed += 1
+        if doomed:
+            self._delete_first(doomed)
+        return doomed
+
+    def _delete_first(self, n: int) -> None:
+        gone = self.segments[:n]
+        self.segments = self.segments[n:]
+        self._bases = self._bases[n:]
+        self._rolled_unflushed = [s for s in self._rolled_unflushed if s not in gone]
+        try:
+            for seg in gone:
+                seg.delete()
+        except OSError as exc:
+            self._fail(exc)
+        self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
+        self.epoch_cache.truncate_from_start(self.log_start_offset)
+        self._log.info("segments_deleted", count=n, log_start_offset=self.log_start_offset,
+                       base_offsets=[s.base_offset for s in gone])
+
+    # ---- lifecycle -----------------------------------------------------------------------------------------
+    def update_config(self, config: LogConfig) -> None:
+        """New settings; the index interval applies to segments created from now on."""
+        self.config = config
+
+    def close(self) -> None:
+        """Flush and close the files (idempotent)."""
+        if self._failed is None and self.segments and self.segments[0].fd >= 0:
+            self.flush()
+        self._close_segments()
+
+    def _close_segments(self) -> None:
+        for seg in self.segments:
+            with contextlib.suppress(OSError):
+                seg.close()
+
+    def delete(self) -> None:
+        """Close and remove the whole partition directory."""
+        self._close_segments()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self._failed = "deleted"
+        self._log.info("log_deleted")
+
+    def _check_usable(self) -> None:
+        if self._failed is not None:
+            raise StorageError(f"{self.topic_partition}: log unusable: {self._failed}")
+
+    def _fail(self, exc: OSError) -> NoReturn:
+        self._failed = f"{type(exc).__name__}: {exc}"
+        self._log.error("log_io_failed", error=self._failed)
+        raise StorageError(f"{self.topic_partition}: {self._failed}") from exc
+
+
+def _fsync_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.fsync(fd)

@@ -1,0 +1,343 @@
+"""Log: append (leader/follower), read, roll, truncate, retention, epochs, timestamps, reopen."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from common.clock import ManualClock
+from common.wire import TopicPartition
+from storage import record_batch as rb
+from storage.log import (
+    Log,
+    LogConfig,
+    OffsetMismatchError,
+    OffsetOutOfRangeError,
+    StaleLeaderEpochError,
+    TimestampOffset,
+)
+from storage.record_batch import BatchTooShortError, iter_batches
+from tests.storage.helpers import TS, batch, open_log
+
+
+def offsets_of(data: bytes) -> list[tuple[int, int]]:
+    return [(h.base_offset, h.last_offset) for _, h in iter_batches(data)]
+
+
+@pytest.fixture
+def pdir(tmp_path: Path) -> Path:
+    return tmp_path / "orders-3"
+
+
+def test_open_empty(pdir: Path) -> None:
+    log = open_log(pdir)
+    assert log.topic_partition == TopicPartition("orders", 3)
+    assert (log.log_start_offset, log.log_end_offset, log.latest_epoch()) == (0, 0, None)
+    assert (pdir / "00000000000000000000.log").exists()
+    log.close()
+
+
+def test_bad_directory_name(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        open_log(tmp_path / "noPartition")
+
+
+def test_append_as_leader_assigns_offsets_and_stamps_epoch(pdir: Path) -> None:
+    log = open_log(pdir)
+    info = log.append_as_leader(batch(3, base_offset=77), leader_epoch=5)
+    assert (info.first_offset, info.last_offset, info.num_records, info.batches) == (0, 2, 3, 1)
+    info2 = log.append_as_leader(batch(2) + batch(4), leader_epoch=5)
+    assert (info2.first_offset, info2.last_offset, info2.num_records, info2.batches) == (3, 8, 6, 2)
+    assert log.log_end_offset == 9
+    data = log.read(0, 1 << 20).records
+    assert offsets_of(data) == [(0, 2), (3, 4), (5, 8)]
+    headers = rb.validate_batches(data, max_batch_size=1 << 20)
+    assert {h.partition_leader_epoch for h in headers} == {5}
+    assert log.epoch_cache.entries()[0].start_offset == 0
+    log.close()
+
+
+def test_leader_stale_epoch_refused(pdir: Path) -> None:
+    log = open_log(pdir)
+    log.append_as_leader(batch(), 4)
+    with pytest.raises(StaleLeaderEpochError):
+        log.append_as_leader(batch(), 3)
+    log.append_as_leader(batch(), 6)
+    assert [(e.epoch, e.start_offset) for e in log.epoch_cache.entries()] == [(4, 0), (6, 1)]
+    log.close()
+
+
+def test_partial_batch_refused_without_write(pdir: Path) -> None:
+    log = open_log(pdir)
+    good = batch(2)
+    with pytest.raises(BatchTooShortError):
+        log.append_as_leader(good + good[:-3], 1)
+    assert log.log_end_offset == 0 and log.segments[-1].size == 0
+    log.close()
+
+
+def test_append_as_follower(pdir: Path) -> None:
+    log = open_log(pdir)
+    log.append_as_follower(batch(2, base_offset=0, epoch=1) + batch(3, base_offset=2, epoch=2))
+    assert log.log_end_offset == 5
+    assert [(e.epoch, e.start_offset) for e in log.epoch_cache.entries()] == [(1, 0), (2, 2)]
+    with pytest.raises(OffsetMismatchError):
+        log.append_as_follower(batch(1, base_offset=6, epoch=2))
+    with pytest.raises(OffsetMismatchError):
+        log.append_as_follower(batch(1, base_offset=5, epoch=2) + batch(1, base_offset=7, epoch=2))
+    assert log.log_end_offset == 5
+    data = log.read(0, 1 << 20).records
+    assert offsets_of(data) == [(0, 1), (2, 4)]
+    log.close()
+
+
+def test_read_bounds(pdir: Path) -> None:
+    log = open_log(pdir)
+    for _ in range(5):
+        log.append_as_leader(batch(2, size=100), 0)
+    one = rb.parse_header(batch(2, size=100)).size
+    assert offsets_of(log.read(0, one).records) == [(0, 1)]
+    assert offsets_of(log.read(3, one * 2).records) == [(2, 3), (4, 5)]
+    assert log.read(3, 1).first_offset == 2  # larger than max_bytes: still one batch
+    assert log.read(3, 1, min_one_batch=False).records == b""
+    assert offsets_of(log.read(0, 1 << 20, max_offset=4).records) == [(0, 1), (2, 3)]
+    assert log.read(0, 1 << 20, max_offset=1).records == b""  # the batch reaches past max_offset
+    assert log.read(4, 1 << 20, max_offset=4) .first_offset == -1
+    assert log.read(10, 100).records == b""
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(11, 100)
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(-1, 100)
+    log.close()
+
+
+def test_read_across_index_entries_and_segments(pdir: Path) -> None:
+    log = open_log(pdir, segment_bytes=2000, index_interval_bytes=150)
+    sizes = []
+    for i in range(60):
+        data = batch(1 + i % 3, size=20 + i, tag=i)
+        sizes.append(rb.parse_header(data).record_count)
+        log.append_as_leader(data, 0)
+    assert len(log.segments) > 2
+    assert any(len(s.offsets) > 0 for s in log.segments)
+    total = sum(sizes)
+    # every start offset returns the batch holding it first, and reading on covers everything once
+    for start in range(total):
+        got = offsets_of(log.read(start, 300).records)
+        assert got and got[0][0] <= start <= got[0][1]
+    seen: list[tuple[int, int]] = []
+    pos = 0
+    while pos < total:
+        got = offsets_of(log.read(pos, 500).records)
+        seen += got
+        pos = got[-1][1] + 1
+    assert [b for b, _ in seen] == sorted({b for b, _ in seen})
+    assert seen[-1][1] == total - 1
+    log.close()
+
+
+def test_roll_by_size_and_time(pdir: Path) -> None:
+    clock = ManualClock(TS)
+    log = open_log(pdir, clock, segment_bytes=1024, segment_ms=1000)
+    b = batch(1, size=250)
+    for _ in range(4):
+        log.append_as_leader(b, 0)
+    assert [s.base_offset for s in log.segments] == [0, 3]
+    log.append_as_leader(batch(1, ts=TS + 5000), 0)  # the batch's timestamp says the segment is old
+    assert [s.base_offset for s in log.segments] == [0, 3, 4]
+    clock.advance(10_000)
+    log.maybe_roll()
+    assert [s.base_offset for s in log.segments] == [0, 3, 4, 5]
+    log.roll()  # empty active segment: no-op
+    assert len(log.segments) == 4
+    assert (pdir / "00000000000000000004.log").exists()
+    assert log.recovery_point == 5
+    log.close()
+
+
+def test_truncate_to(pdir: Path) -> None:
+    log = open_log(pdir, segment_bytes=1024)
+    for i in range(10):
+        log.append_as_leader(batch(2, size=200), i // 3)
+    assert len(log.segments) > 2
+    assert log.truncate_to(20) is False
+    assert log.truncate_to(9)  # mid-batch: the whole batch holding 9 goes
+    assert log.log_end_offset == 8
+    assert log.latest_epoch() == 1
+    assert log.truncate_to(6)
+    assert log.log_end_offset == 6
+    assert [(e.epoch, e.start_offset) for e in log.epoch_cache.entries()] == [(0, 0)]
+    data = b"".join(log.read(s.base_offset, 1 << 20).records for s in log.segments if s.size)
+    assert offsets_of(data) == [(0, 1), (2, 3), (4, 5)]
+    info = log.append_as_leader(batch(1), 3)
+    assert info.first_offset == 6
+    log.close()
+    log = open_log(pdir, segment_bytes=1024)
+    assert log.log_end_offset == 7
+    assert log.end_offset_for_epoch(0) == (0, 6)
+    log.close()
+
+
+def test_truncate_fully_and_start_at(pdir: Path) -> None:
+    log = open_log(pdir)
+    log.append_as_leader(batch(5), 2)
+    log.truncate_fully_and_start_at(100)
+    assert (log.log_start_offset, log.log_end_offset, log.latest_epoch()) == (100, 100, None)
+    assert [p.name for p in sorted(pdir.glob("*.log"))] == ["00000000000000000100.log"]
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(99, 10)
+    log.append_as_follower(batch(2, base_offset=100, epoch=7))
+    assert log.log_end_offset == 102
+    log.close()
+    log = open_log(pdir)
+    assert (log.log_start_offset, log.log_end_offset, log.latest_epoch()) == (100, 102, 7)
+    log.close()
+
+
+def test_truncate_below_log_start_is_full(pdir: Path) -> None:
+    log = open_log(pdir)
+    log.append_as_leader(batch(5), 0)
+    log.maybe_increment_log_start_offset(3)
+    assert log.truncate_to(2)
+    assert (log.log_start_offset, log.log_end_offset) == (2, 2)
+    log.close()
+
+
+def test_retention_by_bytes_time_and_log_start(pdir: Path) -> None:
+    clock = ManualClock(TS)
+    log = open_log(pdir, clock, segment_bytes=600, retention_bytes=1500)
+    for i in range(12):
+        log.append_as_leader(batch(1, size=250, ts=TS + i), 0)
+    n_before = len(log.segments)
+    assert log.delete_old_segments(high_watermark=0) == 0  # nothing below the HW
+    deleted = log.delete_old_segments()
+    assert deleted > 0 and len(log.segments) == n_before - deleted
+    assert log.size_bytes - log.segments[0].size < 1500
+    assert log.log_start_offset == log.segments[0].base_offset
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(0, 100)
+    # by time
+    log.update_config(LogConfig(segment_bytes=600, retention_ms=1000))
+    clock.advance(5000)
+    log.delete_old_segments()
+    assert len(log.segments) == 1 and log.log_start_offset == log.segments[0].base_offset
+    # by log start offset
+    log.maybe_increment_log_start_offset(12)
+    assert log.read(12, 10).records == b""
+    log.close()
+
+
+def test_log_start_offset_moves_only_forward(pdir: Path) -> None:
+    log = open_log(pdir, segment_bytes=300)
+    for _ in range(6):
+        log.append_as_leader(batch(1, size=200), 1)
+    assert log.maybe_increment_log_start_offset(3)
+    assert not log.maybe_increment_log_start_offset(2)
+    with pytest.raises(OffsetOutOfRangeError):
+        log.maybe_increment_log_start_offset(7)
+    assert log.delete_old_segments() == 3
+    assert log.read(3, 10).first_offset == 3
+    assert [(e.epoch, e.start_offset) for e in log.epoch_cache.entries()] == [(1, 3)]
+    log.close()
+
+
+def test_epoch_lookup(pdir: Path) -> None:
+    log = open_log(pdir)
+    log.append_as_leader(batch(3), 1)
+    log.append_as_leader(batch(2), 3)
+    log.append_as_leader(batch(1), 3)
+    assert log.end_offset_for_epoch(1) == (1, 3)
+    assert log.end_offset_for_epoch(2) == (1, 3)
+    assert log.end_offset_for_epoch(3) == (3, 6)
+    assert log.end_offset_for_epoch(4) == (-1, -1)
+    assert log.end_offset_for_epoch(0) == (0, 0)
+    log.close()
+
+
+def test_fetch_offset_by_timestamp(pdir: Path) -> None:
+    log = open_log(pdir, segment_bytes=1000, index_interval_bytes=100)
+    for i in range(30):
+        log.append_as_leader(batch(2, ts=TS + 10 * i, size=40), 2)
+    assert log.fetch_offset_by_timestamp(TS) == TimestampOffset(TS, 0, 2)
+    assert log.fetch_offset_by_timestamp(TS + 1) == TimestampOffset(TS + 1, 1, 2)
+    assert log.fetch_offset_by_timestamp(TS + 2) == TimestampOffset(TS + 10, 2, 2)
+    assert log.fetch_offset_by_timestamp(TS + 155) == TimestampOffset(TS + 160, 32, 2)
+    assert log.fetch_offset_by_timestamp(TS + 10_000) is None
+    assert log.fetch_offset_by_timestamp(-1) == TimestampOffset(-1, 60, 2)
+    assert log.fetch_offset_by_timestamp(-2) == TimestampOffset(-1, 0, 2)
+    log.close()
+    log = open_log(pdir, segment_bytes=1000, index_interval_bytes=100)
+    assert log.fetch_offset_by_timestamp(TS + 155) == TimestampOffset(TS + 160, 32, 2)
+    log.close()
+
+
+def test_reopen_keeps_everything(pdir: Path) -> None:
+    log = open_log(pdir, segment_bytes=2000, index_interval_bytes=100)
+    for i in range(40):
+        log.append_as_leader(batch(1 + i % 4, size=30), i // 10)
+    before = log.read(0, 1 << 20).records, log.log_end_offset, log.epoch_cache.entries()
+    indexes = [(list(s.offsets.keys), list(s.offsets.values), list(s.times.keys)) for s in log.segments]
+    log.close()
+    for recovery_point in (0, log.log_end_offset):
+        log = Log.open(pdir, LogConfig(segment_bytes=2000, index_interval_bytes=100), ManualClock(TS),
+                       recovery_point=recovery_point)
+        assert (log.read(0, 1 << 20).records, log.log_end_offset, log.epoch_cache.entries()) == before
+        assert [(list(s.offsets.keys), list(s.offsets.values), list(s.times.keys))
+                for s in log.segments] == indexes
+        log.close()
+
+
+def test_missing_and_corrupt_indexes_are_rebuilt(pdir: Path) -> None:
+    log = open_log(pdir, segment_bytes=2000, index_interval_bytes=100)
+    for _ in range(40):
+        log.append_as_leader(batch(2, size=30), 0)
+    indexes = [(list(s.offsets.keys), list(s.offsets.values)) for s in log.segments]
+    end = log.log_end_offset
+    log.close()
+    idx = sorted(pdir.glob("*.index"))
+    idx[0].unlink()
+    idx[1].write_bytes(idx[1].read_bytes()[:-3])
+    (pdir / sorted(pdir.glob("*.timeindex"))[2].name).write_bytes(b"\xff" * 12)
+    log = Log.open(pdir, LogConfig(segment_bytes=2000, index_interval_bytes=100), ManualClock(TS),
+                   recovery_point=end)
+    assert [(list(s.offsets.keys), list(s.offsets.values)) for s in log.segments] == indexes
+    assert sorted(pdir.glob("*.index"))[0].stat().st_size == 8 * len(indexes[0][0])
+    log.close()
+
+
+def test_flush_messages_policy(pdir: Path) -> None:
+    log = open_log(pdir, flush_messages=3)
+    log.append_as_leader(batch(1), 0)
+    assert log.recovery_point == 0
+    log.append_as_leader(batch(2), 0)
+    assert log.recovery_point == 3
+
+
+def test_flush_ms_policy(pdir: Path) -> None:
+    clock = ManualClock(TS)
+    log = open_log(pdir, clock, flush_ms=1000)
+    log.append_as_leader(batch(1), 0)
+    assert log.recovery_point == 0
+    clock.advance(1000)
+    log.maybe_flush()
+    assert log.recovery_point == 1
+    log.close()
+
+
+async def test_deferred_roll_flush(pdir: Path) -> None:
+    log = open_log(pdir, segment_bytes=500)
+    log.defer_roll_flush = True
+    for _ in range(4):
+        log.append_as_leader(batch(1, size=300), 0)
+    assert log.recovery_point == 0
+    await log.flush_rolled_segments()
+    assert log.recovery_point == log.segments[-1].base_offset
+    log.close()
+
+
+def test_delete(pdir: Path) -> None:
+    log = open_log(pdir)
+    log.append_as_leader(batch(), 0)
+    log.delete()
+    assert not pdir.exists()
