@@ -103,7 +103,7 @@ def test_commands_parse_with_the_cli_when_the_process_commands_exist(compose: di
         if kind not in commands:
             continue  # that process's subcommand is not registered (yet); the flags are checked above
         args = build_parser().parse_args(s["command"])
-        assert args.data_dir == f"/data/{name}"
+        assert str(args.data_dir) == f"/data/{name}"
         checked += 1
     if checked == 0:
         pytest.skip("broker/controller subcommands not registered in this tree")
