@@ -17,10 +17,10 @@ class MetadataCache:
     partitions: dict[TopicPartition, PartitionStateMsg] = field(default_factory=dict)
     topic_configs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def update(self, controller_id: int, brokers: list[BrokerInfo], states: list[PartitionStateMsg],
+    def update(self, controller_id: int, brokers: list[BrokerInfo] | None, states: list[PartitionStateMsg],
                topic_configs: dict[str, dict[str, Any]], deleted_topics: list[str]) -> None:
         self.controller_id = controller_id
-        if brokers:
+        if brokers is not None:  # UpdateMetadata carries every live broker; LeaderAndIsr passes None
             self.brokers = {b.node_id: b for b in brokers}
         for s in states:
             self.partitions[s.tp] = s

@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -93,8 +95,10 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 class BrokerProcess:
-    def __init__(self, opts: BrokerOptions, clock: Clock | None = None) -> None:
+    def __init__(self, opts: BrokerOptions, clock: Clock | None = None,
+                 log_manager_factory: Callable[[Path, Config, Clock], Any] | None = None) -> None:
         self.opts = opts
+        self._log_manager_factory = log_manager_factory
         self.clock = clock or SystemClock()
         self.rm: ReplicaManager | None = None
         self.link: ControllerLink | None = None
@@ -102,13 +106,15 @@ class BrokerProcess:
         self.address = ""
 
     async def start(self) -> None:
-        from storage.log_manager import LogManager
-
         from fetcher.manager import ReplicaFetcherManager
 
         o = self.opts
         cluster_id = check_meta(o.data_dir, o.node_id)
-        log_manager = LogManager(o.data_dir, o.config, self.clock)
+        factory = self._log_manager_factory
+        if factory is None:
+            from storage.log_manager import LogManager
+            factory = LogManager
+        log_manager = factory(o.data_dir, o.config, self.clock)
         await log_manager.load()
         rm = ReplicaManager(o.node_id, o.config, self.clock, log_manager, MetadataCache(cluster_id),
                             BrokerMetrics())

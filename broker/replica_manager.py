@@ -34,15 +34,16 @@ from broker.requests import (
 )
 from common.clock import Clock
 from common.config import Config, ConfigError
-from common.errors import ErrorCode
+from common.errors import ErrorCode, MinibrokerError
 from common.logging import get_logger
 from common.wire import TopicPartition
 from fetcher.api import BrokerEndpoint, InitialFetchState
 from storage.record_batch import InvalidBatchError, validate_batches
 
 if TYPE_CHECKING:
-    from storage.log import Log
     from storage.log_manager import LogManager
+
+    from storage.log import Log
 
 log = get_logger("broker")
 
@@ -68,12 +69,6 @@ class FetcherManagerLike(Protocol):
     def remove_partitions(self, tps: Iterable[TopicPartition]) -> None: ...
     async def shutdown_idle_fetchers(self) -> None: ...
     async def shutdown(self) -> None: ...
-
-
-def _storage_errors() -> tuple[type[Exception], ...]:
-    from storage import log as storage_log
-    names = ("StorageError", "OffsetOutOfRangeError")
-    return tuple(getattr(storage_log, n) for n in names if hasattr(storage_log, n))
 
 
 class ReplicaManager:
@@ -213,7 +208,7 @@ class ReplicaManager:
                 return {"error": int(error), "partitions": []}
             self.controller_epoch = req.header.controller_epoch
             self.metadata.add_brokers(req.live_leaders)
-            self.metadata.update(req.header.controller_id, [], req.partition_states, req.topic_configs, [])
+            self.metadata.update(req.header.controller_id, None, req.partition_states, req.topic_configs, [])
             results = []
             for msg in req.partition_states:
                 code = await self._apply_partition_state(msg, req.topic_configs.get(msg.tp.topic, {}))
@@ -473,6 +468,10 @@ class ReplicaManager:
             info = p.log.append_as_leader(records, p.state.leader_epoch)
         except InvalidBatchError as exc:
             return _produce_result(tp, exc.code, str(exc))
+        except MinibrokerError as exc:  # StorageError, StaleLeaderEpochError
+            log.warning("append_failed", broker_id=self.broker_id, topic=tp.topic, partition=tp.partition,
+                        error=str(exc), code=exc.code.name)
+            return _produce_result(tp, exc.code, str(exc))
         except Exception as exc:
             log.exception("append_failed", broker_id=self.broker_id, topic=tp.topic, partition=tp.partition,
                           error=str(exc))
@@ -582,10 +581,8 @@ class ReplicaManager:
             try:
                 data = p.log.read(fp.fetch_offset, limit, max_offset, min_one)
                 records = bytes(data.records)
-            except _storage_errors() as exc:
-                code = ErrorCode.OFFSET_OUT_OF_RANGE if "OutOfRange" in type(exc).__name__ \
-                    else ErrorCode.KAFKA_STORAGE_ERROR
-                return _fetch_error(tp, code, p)
+            except MinibrokerError as exc:  # OffsetOutOfRangeError, StorageError
+                return _fetch_error(tp, exc.code, p)
         if req.is_follower and update_follower:
             self._update_follower(p, req, fp)
         out = _fetch_error(tp, ErrorCode.NONE, p)
@@ -722,7 +719,7 @@ def _is_newer(msg: PartitionStateMsg, state: ps.PartitionState) -> bool:
 
 def _assign_epoch(the_log: Log, epoch: int, start_offset: int) -> None:
     """Record (leader epoch, LEO) in the epoch cache (persisted) before accepting writes."""
-    the_log.epoch_cache.assign(epoch, start_offset)
+    the_log.maybe_assign_epoch_start_offset(epoch, start_offset)
 
 
 def _resolve(fut: asyncio.Future[Any], value: Any) -> None:

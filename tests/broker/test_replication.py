@@ -1,0 +1,158 @@
+"""Leader-side replication on a real in-process broker: the test is the controller (FakeController)
+and the follower (it sends follower fetches over HTTP itself)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from common.errors import ErrorCode
+from common.http import RpcClient
+from storage.record_batch import iter_batches
+from tests.broker.conftest import TP, StartBroker, batch, fetch_body, part, produce_body
+from tests.fake_controller import FakeController
+
+FOLLOWER = 2
+FOLLOWER_EPOCH = 500
+
+
+async def follower_fetch(rpc: RpcClient, address: str, offset: int, **kw: object) -> dict[str, object]:
+    return part(await rpc.call(address, "fetch", fetch_body(offset, replica_id=FOLLOWER,
+                                                             broker_epoch=FOLLOWER_EPOCH, **kw)))  # type: ignore[arg-type]
+
+
+async def wait_until(cond: object, timeout_s: float = 30.0) -> None:
+    assert callable(cond)
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+async def test_acks1_produce_then_consume(start_broker: StartBroker, controller: FakeController,
+                                          rpc: RpcClient) -> None:
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1])
+    r1 = part(await rpc.call(b.address, "produce", produce_body(batch(3))))
+    r2 = part(await rpc.call(b.address, "produce", produce_body(batch(2))))
+    assert (r1["error"], r1["base_offset"], r2["base_offset"]) == (0, 0, 3)
+    f = part(await rpc.call(b.address, "fetch", fetch_body(0)))
+    assert f["error"] == 0 and f["high_watermark"] == 5 and f["log_end_offset"] == 5
+    headers = [h for _, h in iter_batches(f["records"])]
+    assert [(h.base_offset, h.record_count, h.partition_leader_epoch) for h in headers] == [(0, 3, 0), (3, 2, 0)]
+
+
+async def test_acks_all_waits_for_follower_fetch(start_broker: StartBroker, controller: FakeController,
+                                                 rpc: RpcClient) -> None:
+    b = await start_broker(sets={"min.insync.replicas": 2})
+    await controller.elect(TP, leader=1, replicas=[1, FOLLOWER])
+    produce = asyncio.create_task(rpc.call(b.address, "produce", produce_body(batch(4), acks=-1)))
+    assert b.rm is not None
+    await wait_until(lambda: b.rm is not None and b.rm.partitions[TP].log_end_offset == 4)
+    assert not produce.done()
+    # a consumer sees nothing past the HW
+    assert part(await rpc.call(b.address, "fetch", fetch_body(0)))["records"] == b""
+    f = await follower_fetch(rpc, b.address, 0)
+    assert f["error"] == 0 and f["records"] and f["high_watermark"] == 0
+    assert not produce.done()
+    f = await follower_fetch(rpc, b.address, 4)  # the follower's LEO is now 4: HW moves, produce completes
+    assert f["high_watermark"] == 4
+    r = part(await asyncio.wait_for(produce, 30))
+    assert (r["error"], r["base_offset"]) == (0, 0)
+    c = part(await rpc.call(b.address, "fetch", fetch_body(0)))
+    assert c["high_watermark"] == 4 and [h.base_offset for _, h in iter_batches(c["records"])] == [0]
+
+
+async def test_min_isr_refusal_appends_nothing(start_broker: StartBroker, controller: FakeController,
+                                               rpc: RpcClient) -> None:
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1, FOLLOWER], isr=[1],
+                           topic_configs={TP.topic: {"min.insync.replicas": "2"}})
+    r = part(await rpc.call(b.address, "produce", produce_body(batch(), acks=-1)))
+    assert r["error"] == ErrorCode.NOT_ENOUGH_REPLICAS
+    assert b.rm is not None and b.rm.partitions[TP].log_end_offset == 0
+    r = part(await rpc.call(b.address, "produce", produce_body(batch(), acks=1)))
+    assert r["error"] == 0
+
+
+async def test_delayed_produce_fails_when_leader_epoch_changes(start_broker: StartBroker,
+                                                               controller: FakeController, rpc: RpcClient) -> None:
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1, FOLLOWER])
+    produce = asyncio.create_task(rpc.call(b.address, "produce", produce_body(batch(), acks=-1)))
+    await wait_until(lambda: b.rm is not None and b.rm.partitions[TP].log_end_offset == 3)
+    await controller.elect(TP, leader=FOLLOWER, replicas=[1, FOLLOWER])  # broker 1 becomes a follower
+    r = part(await asyncio.wait_for(produce, 30))
+    assert r["error"] == ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+async def test_delayed_produce_times_out(start_broker: StartBroker, controller: FakeController,
+                                         rpc: RpcClient) -> None:
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1, FOLLOWER])
+    r = part(await rpc.call(b.address, "produce", produce_body(batch(), acks=-1, timeout_ms=100)))
+    assert r["error"] == ErrorCode.REQUEST_TIMED_OUT
+
+
+async def test_long_poll_woken_by_append_and_hw(start_broker: StartBroker, controller: FakeController,
+                                                rpc: RpcClient) -> None:
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1, FOLLOWER])
+    follower = asyncio.create_task(follower_fetch(rpc, b.address, 0, max_wait_ms=120_000))
+    consumer = asyncio.create_task(rpc.call(b.address, "fetch", fetch_body(0, max_wait_ms=120_000)))
+    await wait_until(lambda: b.rm is not None and len(b.rm.fetch_purgatory) == 2)
+    await rpc.call(b.address, "produce", produce_body(batch(2)))
+    f = await asyncio.wait_for(follower, 30)  # woken by the append
+    assert f["records"] and f["log_end_offset"] == 2
+    assert not consumer.done()
+    await follower_fetch(rpc, b.address, 2)  # HW moves to 2 -> the consumer is woken
+    c = part(await asyncio.wait_for(consumer, 30))
+    assert c["high_watermark"] == 2 and c["records"]
+
+
+async def test_isr_expand_and_shrink_through_alter_partition(start_broker: StartBroker,
+                                                             controller: FakeController, rpc: RpcClient) -> None:
+    b = await start_broker(sets={"replica.lag.time.max.ms": 300})
+    await controller.elect(TP, leader=1, replicas=[1, FOLLOWER], isr=[1])
+    await rpc.call(b.address, "produce", produce_body(batch(2)))
+    await follower_fetch(rpc, b.address, 0)
+    await follower_fetch(rpc, b.address, 2)  # caught up: expansion requested
+    reqs = await controller.wait_alter(1)
+    p = reqs[0]["topics"][0]["partitions"][0]
+    assert p["new_isr"] == [1, FOLLOWER] and p["leader_epoch"] == 0
+    assert {"broker_id": FOLLOWER, "broker_epoch": FOLLOWER_EPOCH} in p["new_isr_broker_epochs"]
+    assert b.rm is not None
+    await wait_until(lambda: b.rm is not None and b.rm.partitions[TP].state.isr == (1, FOLLOWER))
+    # the follower stops fetching while the leader appends: shrink after replica.lag.time.max.ms
+    produce = asyncio.create_task(rpc.call(b.address, "produce", produce_body(batch(), acks=-1)))
+    reqs = await controller.wait_alter(2)
+    assert reqs[1]["topics"][0]["partitions"][0]["new_isr"] == [1]
+    r = part(await asyncio.wait_for(produce, 30))  # after the shrink commits, HW = LEO
+    assert r["error"] == 0
+    status = await rpc.get_json(b.address, "/v1/status")
+    sp = status["partitions"][0]
+    assert sp["isr"] == [1] and sp["high_watermark"] == 5 and sp["role"] == "leader"
+    metrics = await _metrics(b.address)
+    assert "minibroker_isr_shrinks_total 1.0" in metrics and "minibroker_isr_expands_total 1.0" in metrics
+
+
+async def test_shrink_not_applied_until_committed(start_broker: StartBroker, controller: FakeController,
+                                                  rpc: RpcClient) -> None:
+    b = await start_broker(sets={"replica.lag.time.max.ms": 200})
+    await controller.elect(TP, leader=1, replicas=[1, FOLLOWER])
+    controller.hold_alter.clear()
+    await rpc.call(b.address, "produce", produce_body(batch()))
+    await controller.wait_alter(1)
+    assert b.rm is not None
+    st = b.rm.partitions[TP].state
+    assert st.isr == (1, FOLLOWER) and st.pending is not None and st.high_watermark == 0
+    controller.reject_alter = ErrorCode.INVALID_UPDATE_VERSION
+    controller.hold_alter.set()
+    await wait_until(lambda: b.rm is not None and b.rm.partitions[TP].state.pending is None)
+    assert b.rm.partitions[TP].state.isr == (1, FOLLOWER)
+
+
+async def _metrics(address: str) -> str:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as s, s.get(f"http://{address}/metrics") as resp:
+        return await resp.text()
