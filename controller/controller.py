@@ -247,6 +247,10 @@ class Controller:
             if reg.broker_epoch != broker_epoch:
                 return ErrorCode.STALE_BROKER_EPOCH, []
             remaining = await self._move_leaders_off(node_id)
+            if not remaining:
+                # it leads nothing and is in no ISR it could leave: fence it now, as KRaft does on the
+                # shutdown heartbeat, so metadata stops naming it while it exits
+                await self._fence(node_id, reason="controlled_shutdown")
         return ErrorCode.NONE, remaining
 
     async def _move_leaders_off(self, node_id: int) -> list[TopicPartition]:

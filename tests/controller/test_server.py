@@ -266,6 +266,9 @@ async def test_controlled_shutdown(h: Harness) -> None:
         part = await h.partition("t", p)
         assert part["leader"] == 2 and part["isr"] == [2]
         assert part["partition_epoch"] == 1
+    md = await h.call("metadata", {"topics": None})
+    assert [b["node_id"] for b in md["brokers"]] == [2], "a broker that finished its shutdown is fenced"
+    assert not (await h.heartbeat(1))["error"] and h.c.image.brokers[1].fenced  # and stays fenced until it exits
     hb = await h.heartbeat(1, want_shutdown=True)
     assert hb["should_shutdown"] and hb["is_fenced"]
     # now 2 is the only ISR member of everything: its shutdown cannot move anything
