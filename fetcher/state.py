@@ -112,6 +112,10 @@ def decide_truncation(leader: EpochEndOffset, follower_for_leader_epoch: EpochEn
         # With no known HW we keep the log; an out-of-range answer resolves the rest.
         target = log_end_offset if high_watermark is None else min(high_watermark, log_end_offset)
         return TruncationDecision(target, True, "leader_epoch_undefined_high_watermark")
+    if leader.leader_epoch == UNDEFINED_EPOCH:
+        # An end offset without an epoch: the leader's history starts after everything we know
+        # (Kafka's UNDEFINED_EPOCH case); keep only what lies below that offset.
+        return TruncationDecision(min(leader.end_offset, log_end_offset), True, "leader_epoch_unknown_end_offset")
     if follower_for_leader_epoch.undefined:
         # The follower has no epoch <= the leader's: everything it has may diverge past the leader's end.
         return TruncationDecision(min(leader.end_offset, log_end_offset), True, "follower_lacks_epoch")

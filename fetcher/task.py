@@ -52,8 +52,16 @@ from fetcher.state import (
     decide_truncation,
     fetch_lag,
 )
+from storage.record_batch import InvalidBatchError, check_frame
 
 log = get_logger("fetcher")
+
+
+def check_batches(records: bytes) -> None:
+    """Frame and CRC of every batch (no record decoding); raises ``InvalidBatchError``."""
+    pos, end = 0, len(records)
+    while pos < end:
+        pos += check_frame(records, pos).size
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +115,7 @@ class FetcherTask:
         self._clock = clock
         self._states = PartitionStates()
         self._known_hw: dict[TopicPartition, int] = {}
+        self._added_ms: dict[TopicPartition, int] = {}  # until the first append after (re)adding
         self._backoff_until_ms = 0
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -123,6 +132,7 @@ class FetcherTask:
             if current is not None and current.current_leader_epoch == initial.leader_epoch:
                 continue
             self._states.set(tp, self._initial_state(tp, initial))
+            self._added_ms[tp] = self._clock.monotonic_ms()
             self._log.info("fetcher_partition_added", topic=tp.topic, partition=tp.partition,
                            leader_epoch=initial.leader_epoch, offset=initial.fetch_offset)
         self._wakeup.set()
@@ -141,6 +151,7 @@ class FetcherTask:
         for tp in tps:
             if self._states.remove(tp) is not None:
                 self._known_hw.pop(tp, None)
+                self._added_ms.pop(tp, None)
                 self._metrics.forget(tp)
                 self._log.info("fetcher_partition_removed", topic=tp.topic, partition=tp.partition)
 
@@ -243,7 +254,7 @@ class FetcherTask:
                           leader: EpochEndOffset, source: str) -> None:
         leo = local.log_end_offset
         follower = EpochEndOffset(UNDEFINED_EPOCH, -1)
-        if not leader.undefined:
+        if not leader.undefined and leader.leader_epoch != UNDEFINED_EPOCH:
             follower = EpochEndOffset(*local.end_offset_for_epoch(leader.leader_epoch))
         decision = decide_truncation(leader, follower, leo, self._high_watermark(tp))
         if decision.offset < leo:
@@ -343,18 +354,34 @@ class FetcherTask:
             self._park(tp, state.must_truncate(), "offset_mismatch")
             return
         if data.records:
+            try:
+                check_batches(data.records)
+            except InvalidBatchError as exc:
+                # Kafka's follower checks each batch's CRC too: never append bytes that are not the leader's.
+                self._park(tp, state, f"{exc.code.name}:{exc}")
+                return
             local.append_as_follower(data.records)
             self.stats.appends += 1
             self.stats.bytes_appended += len(data.records)
             self._metrics.bytes.inc(len(data.records))
-            self.stats.first_append_ms.setdefault(tp, self._clock.monotonic_ms())
+            added_ms = self._added_ms.pop(tp, None)
+            if added_ms is not None:
+                delay_ms = self._clock.monotonic_ms() - added_ms
+                self.stats.first_append_delays_ms.append(delay_ms)
+                self._log.info("follower_first_append", topic=tp.topic, partition=tp.partition,
+                               leader_epoch=state.current_leader_epoch, offset=state.fetch_offset,
+                               since_added_ms=delay_ms)
         new_offset = local.log_end_offset
         if data.high_watermark >= 0:
             self._known_hw[tp] = min(new_offset, data.high_watermark)
         self._partitions.on_follower_appended(tp, data.high_watermark, data.log_start_offset)
         lag = fetch_lag(data.high_watermark, new_offset)
         self._metrics.lag(tp, lag)
-        self._states.update_and_move_to_end(tp, state.fetched(new_offset, local.latest_epoch(), lag))
+        new_state = state.fetched(new_offset, local.latest_epoch(), lag)
+        if data.records:  # Kafka: only partitions that got data go to the back of the line (KIP-74)
+            self._states.update_and_move_to_end(tp, new_state)
+        else:
+            self._states.set(tp, new_state)
 
     async def _handle_out_of_range(self, tp: TopicPartition, state: PartitionFetchState) -> None:
         """Kafka's fetchOffsetAndTruncate (seed 000): compare with the leader's end, then its start."""

@@ -1,0 +1,354 @@
+"""Step tests: ``FetcherTask.do_work()`` one step at a time against a fake leader, real follower logs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from common.clock import ManualClock
+from common.errors import ErrorCode
+from common.wire import TopicPartition
+from fetcher.api import InitialFetchState
+from fetcher.state import FetchStatus
+from fetcher.task import FetcherConfig, FetcherTask
+from storage.log import Log
+from tests.fetcher.fakes import TP, FakeLeader, LocalFollower, log_bytes, open_log, write
+
+CONFIG = FetcherConfig(wait_max_ms=0, backoff_ms=1_000)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+class Setup:
+    def __init__(self, tmp_path: Path, clock: ManualClock, *, config: FetcherConfig = CONFIG, **leader_kw: bool):
+        self.tmp_path = tmp_path
+        self.clock = clock
+        self.leader = FakeLeader(**leader_kw)
+        self.follower = LocalFollower()
+        self.task = FetcherTask(0, self.leader, self.follower, config, clock)
+        self.logs: list[Log] = []
+
+    def log(self, name: str, tp: TopicPartition = TP) -> Log:
+        log = open_log(self.tmp_path, name, self.clock, tp)
+        self.logs.append(log)
+        return log
+
+    def start(self, tp: TopicPartition, follower_log: Log, leader_epoch: int, hw: int = 0) -> None:
+        self.follower.follow(tp, follower_log, leader_epoch, hw)
+        self.task.add_partitions({tp: InitialFetchState(self.leader.broker, leader_epoch,
+                                                        follower_log.log_end_offset)})
+
+    async def converge(self, max_steps: int = 50) -> int:
+        """do_work until every partition is fetching and caught up; returns the steps used."""
+        for step in range(1, max_steps + 1):
+            await self.task.do_work()
+            if all(self._caught_up(tp) for tp in self.task.partitions()):
+                return step
+        raise AssertionError("did not converge")
+
+    def _caught_up(self, tp: TopicPartition) -> bool:
+        state = self.task.fetch_state(tp)
+        leader = self.leader.partitions[tp].log
+        return (state is not None and state.status is FetchStatus.FETCHING
+                and state.fetch_offset == leader.log_end_offset)
+
+    def close(self) -> None:
+        for log in self.logs:
+            log.close()
+
+
+@pytest.fixture
+def setup(tmp_path: Path, clock: ManualClock):  # type: ignore[no-untyped-def]
+    s = Setup(tmp_path, clock)
+    yield s
+    s.close()
+
+
+def assert_identical(follower: Log, leader: Log) -> None:
+    assert follower.log_end_offset == leader.log_end_offset
+    assert log_bytes(follower) == log_bytes(leader)
+
+
+async def test_replicates_from_empty(setup: Setup) -> None:
+    leader_log, follower_log = setup.log("leader"), setup.log("follower")
+    write(leader_log, 0, 20, setup.clock)
+    setup.leader.lead(TP, leader_log, 0)
+    setup.start(TP, follower_log, 0)
+    await setup.converge()
+    assert_identical(follower_log, leader_log)
+    assert follower_log.latest_epoch() == 0
+    assert setup.follower.partitions[TP].high_watermark == leader_log.log_end_offset
+    write(leader_log, 0, 1, setup.clock)
+    await setup.converge()
+    fetch = setup.leader.fetches[-1]
+    sent = fetch.partitions[TP]
+    assert (fetch.replica_id, fetch.broker_epoch) == (2, 7)
+    assert (sent.current_leader_epoch, sent.last_fetched_epoch) == (0, 0)
+
+
+async def test_kip101_scenario1_no_truncation_to_high_watermark(setup: Setup) -> None:
+    """The follower restarts with HW behind its LEO; the leader still has everything: keep it all."""
+    leader_log, follower_log = setup.log("leader"), setup.log("follower")
+    write(leader_log, 0, 2, setup.clock)
+    follower_log.append_as_follower(log_bytes(leader_log))
+    setup.leader.lead(TP, leader_log, 1)
+    setup.start(TP, follower_log, 1, hw=3)  # HW says 3, LEO is 6: the old rule would have cut m2
+    await setup.task.do_work()
+    assert follower_log.log_end_offset == 6
+    assert setup.follower.truncations == []
+    # the leader wrote in epoch 1 meanwhile; the follower catches up without losing anything
+    write(leader_log, 1, 1, setup.clock)
+    await setup.converge()
+    assert_identical(follower_log, leader_log)
+
+
+async def test_kip101_scenario2_divergence_is_truncated(setup: Setup) -> None:
+    """Old leader A kept m2 at offset 3 (epoch 0); new leader B wrote m3 there in epoch 1."""
+    a, b = setup.log("a"), setup.log("b")
+    write(b, 0, 1, setup.clock)
+    a.append_as_follower(log_bytes(b))
+    write(a, 0, 1, setup.clock)  # A's uncommitted tail: offsets 3..5 in epoch 0
+    write(b, 1, 2, setup.clock)  # B's epoch 1: offsets 3..8
+    setup.leader.lead(TP, b, 1)
+    setup.start(TP, a, 1, hw=6)  # even a HW above the divergence point does not keep A's tail
+    await setup.converge()
+    assert_identical(a, b)
+    assert [(off, reason) for _, off, reason in setup.follower.truncations] == [
+        (3, "offsets_for_leader_epoch:leader_epoch_end_offset")]
+
+
+@pytest.mark.parametrize("on_fetch", [False, True])
+async def test_kip279_fast_double_failover(tmp_path: Path, clock: ManualClock, on_fetch: bool) -> None:
+    """The follower's epochs (1, 3) and the leader's (1, 2, 4) differ twice: two rounds to agree.
+
+    on_fetch: the first round comes from Fetch's diverging_epoch (KIP-320) instead of OffsetsForLeaderEpoch.
+    """
+    s = Setup(tmp_path, clock, config=FetcherConfig(wait_max_ms=0, truncate_on_fetch=on_fetch))
+    try:
+        f, ld = s.log("f"), s.log("l")
+        write(ld, 1, 1, clock)                 # 0..2 e1 (common)
+        f.append_as_follower(log_bytes(ld))
+        write(f, 1, 1, clock)                  # f: 3..5 e1
+        write(ld, 2, 1, clock)                 # l: 3..5 e2
+        write(f, 3, 2, clock)                  # f: 6..11 e3
+        write(ld, 4, 3, clock)                 # l: 6..14 e4
+        s.leader.lead(TP, ld, 4)
+        s.start(TP, f, 4)
+        await s.converge()
+        assert_identical(f, ld)
+        assert [off for _, off, _ in s.follower.truncations] == [6, 3]
+        asked = [next(iter(r.values())).leader_epoch for r in s.leader.epoch_requests]
+        assert asked == ([1] if on_fetch else [3, 1])
+        if on_fetch:
+            assert s.follower.truncations[0][2] == "diverging_epoch:follower_lacks_leader_epoch"
+    finally:
+        s.close()
+
+
+async def test_divergent_tail_of_unclean_leader_via_diverging_epoch(setup: Setup) -> None:
+    """Fetching already: the leader changes with an unclean election; Fetch reports the divergence."""
+    old, new = setup.log("old"), setup.log("new")
+    write(old, 1, 2, setup.clock)
+    new.append_as_follower(log_bytes(old, upto=3))  # the new leader only had 0..2
+    write(old, 1, 2, setup.clock)                    # the old leader went on: 6..11 e1
+    setup.leader.lead(TP, old, 1)
+    setup.start(TP, new, 1)
+    # swap roles by hand: 'new' leads in epoch 2 with its own writes; 'old' follows it
+    setup.task.remove_partitions([TP])
+    setup.leader.partitions.clear()
+    write(new, 2, 1, setup.clock)                    # new: 3..5 e2
+    setup.leader.lead(TP, new, 2)
+    setup.follower.partitions.clear()
+    setup.start(TP, old, 2)
+    await setup.converge()
+    assert_identical(old, new)
+    assert setup.follower.truncations[0][1] == 3
+
+
+async def test_leader_without_epoch_info_out_of_range_truncates_to_leader_end(tmp_path: Path,
+                                                                             clock: ManualClock) -> None:
+    s = Setup(tmp_path, clock, epochs=False, diverging_epoch=False)
+    try:
+        f, ld = s.log("f"), s.log("l")
+        write(ld, 0, 2, clock)
+        f.append_as_follower(log_bytes(ld))
+        write(f, 0, 2, clock)  # f ends at 12, the leader at 6
+        s.leader.lead(TP, ld, 0)
+        s.start(TP, f, 0, hw=12)  # the follower believed all of it committed (the unclean leader lost it)
+        await s.task.do_work()  # epoch answer UNDEFINED -> keep; fetch -> OUT_OF_RANGE -> leader end 6
+        assert f.log_end_offset == 6
+        assert s.follower.truncations[-1][2] == "out_of_range:leader_end_below_local_end"
+        write(ld, 0, 1, clock)
+        await s.converge()
+        assert_identical(f, ld)
+    finally:
+        s.close()
+
+
+async def test_leader_without_epoch_info_truncates_to_high_watermark(tmp_path: Path, clock: ManualClock) -> None:
+    s = Setup(tmp_path, clock, epochs=False, diverging_epoch=False)
+    try:
+        f, ld = s.log("f"), s.log("l")
+        write(ld, 0, 3, clock)
+        f.append_as_follower(log_bytes(ld, upto=6))
+        s.leader.lead(TP, ld, 0)
+        s.start(TP, f, 0, hw=3)
+        await s.task.do_work()
+        assert s.follower.truncations[0][1:] == (3, "offsets_for_leader_epoch:leader_epoch_undefined_high_watermark")
+        await s.converge()
+        assert_identical(f, ld)
+    finally:
+        s.close()
+
+
+async def test_follower_far_behind_leader_log_start(setup: Setup) -> None:
+    f, ld = setup.log("f"), setup.log("l")
+    write(ld, 0, 2, setup.clock)
+    f.append_as_follower(log_bytes(ld))          # follower at 6
+    ld.truncate_fully_and_start_at(1_000)        # the leader deleted everything up to 1000
+    write(ld, 3, 2, setup.clock)
+    setup.leader.lead(TP, ld, 3)
+    setup.start(TP, f, 3)
+    await setup.converge()
+    assert f.log_start_offset == 1_000 and f.log_end_offset == 1_006
+    assert_identical(f, ld)
+    assert setup.follower.truncations[-1][1:] == (1_000, "out_of_range:leader_start_above_local_end")
+
+
+async def test_response_after_partition_removed_is_not_appended(setup: Setup) -> None:
+    f, ld = setup.log("f"), setup.log("l")
+    write(ld, 0, 3, setup.clock)
+    setup.leader.lead(TP, ld, 0)
+    setup.start(TP, f, 0)
+    await setup.task.do_work()  # truncation round + first fetch
+    before = f.log_end_offset
+    write(ld, 0, 2, setup.clock)
+
+    async def became_leader(api: str) -> None:
+        if api == "fetch":  # while the fetch is in flight: this broker becomes the leader
+            setup.task.remove_partitions([TP])
+            setup.follower.partitions[TP].leader_epoch = 1
+            write(f, 1, 1, setup.clock)
+
+    setup.leader.hook = became_leader
+    await setup.task.do_work()
+    assert f.log_end_offset == before + 3  # only its own leader write, nothing from the stale response
+    assert f.latest_epoch() == 1
+    assert setup.task.partitions() == []
+
+
+async def test_response_after_leader_epoch_changed_is_ignored(setup: Setup) -> None:
+    f, ld = setup.log("f"), setup.log("l")
+    write(ld, 0, 3, setup.clock)
+    setup.leader.lead(TP, ld, 0)
+    setup.start(TP, f, 0)
+    await setup.task.do_work()
+    write(ld, 0, 1, setup.clock)
+    appended_before = setup.follower.appended_calls
+
+    async def new_epoch(api: str) -> None:
+        if api == "fetch":
+            setup.follower.partitions[TP].leader_epoch = 1
+            setup.task.add_partitions({TP: InitialFetchState(setup.leader.broker, 1, f.log_end_offset)})
+            setup.leader.hook = None
+
+    setup.leader.hook = new_epoch
+    end = f.log_end_offset
+    await setup.task.do_work()
+    assert f.log_end_offset == end and setup.follower.appended_calls == appended_before
+    state = setup.task.fetch_state(TP)
+    assert state is not None and state.current_leader_epoch == 1 and state.status is FetchStatus.TRUNCATING
+
+
+@pytest.mark.parametrize("error", [ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.UNKNOWN_LEADER_EPOCH,
+                                   ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                   ErrorCode.KAFKA_STORAGE_ERROR])
+async def test_partition_error_parks_only_that_partition(setup: Setup, error: ErrorCode) -> None:
+    a, b = TopicPartition("t", 0), TopicPartition("t", 1)
+    la, lb = setup.log("la", a), setup.log("lb", b)
+    fa, fb = setup.log("fa", a), setup.log("fb", b)
+    write(la, 0, 2, setup.clock)
+    write(lb, 0, 2, setup.clock)
+    setup.leader.lead(a, la, 0)
+    setup.leader.lead(b, lb, 0).error = error
+    setup.start(a, fa, 0)
+    setup.start(b, fb, 0)
+    await setup.task.do_work()
+    state_b = setup.task.fetch_state(b)
+    assert state_b is not None and state_b.is_parked(setup.clock.monotonic_ms())
+    assert fa.log_end_offset == la.log_end_offset and fb.log_end_offset == 0
+    write(la, 0, 1, setup.clock)
+    await setup.task.do_work()  # b stays parked, a goes on
+    assert fa.log_end_offset == la.log_end_offset
+    assert b not in setup.leader.fetches[-1].partitions
+    setup.leader.partitions[b].error = ErrorCode.NONE
+    setup.clock.advance(CONFIG.backoff_ms)
+    await setup.converge()
+    assert_identical(fb, lb)
+
+
+async def test_fenced_epoch_in_truncation_parks(setup: Setup) -> None:
+    f, ld = setup.log("f"), setup.log("l")
+    write(ld, 0, 1, setup.clock)
+    setup.leader.lead(TP, ld, 5)
+    setup.start(TP, f, 4)  # our LeaderAndIsr is older than the leader's epoch
+    write(f, 0, 1, setup.clock)
+    await setup.task.do_work()
+    state = setup.task.fetch_state(TP)
+    assert state is not None and state.status is FetchStatus.TRUNCATING
+    assert state.is_parked(setup.clock.monotonic_ms())
+    assert f.log_end_offset == 3 and setup.follower.truncations == []
+
+
+async def test_connection_failure_backs_off_whole_task(setup: Setup) -> None:
+    f, ld = setup.log("f"), setup.log("l")
+    write(ld, 0, 2, setup.clock)
+    setup.leader.lead(TP, ld, 0)
+    setup.start(TP, f, 0)
+    setup.leader.down = True
+    result = await setup.task.do_work()
+    assert result.backed_off and setup.task.stats.backoffs == 1
+    setup.leader.down = False
+    result = await setup.task.do_work()  # still within the backoff: nothing sent
+    assert result.backed_off and not result.sent
+    setup.clock.advance(CONFIG.backoff_ms)
+    await setup.converge()
+    assert_identical(f, ld)
+
+
+async def test_partitions_rotate_so_none_starves(tmp_path: Path, clock: ManualClock) -> None:
+    """A response budget that fits one partition's data: every partition still progresses."""
+    s = Setup(tmp_path, clock, config=FetcherConfig(wait_max_ms=0, response_max_bytes=1, partition_max_bytes=1))
+    try:
+        tps = [TopicPartition("r", i) for i in range(3)]
+        for tp in tps:
+            ld, f = s.log(f"l{tp.partition}", tp), s.log(f"f{tp.partition}", tp)
+            write(ld, 0, 4, clock)
+            s.leader.lead(tp, ld, 0)
+            s.start(tp, f, 0)
+        for _ in range(6):
+            await s.task.do_work()
+        ends = [s.follower.partitions[tp].log.log_end_offset for tp in tps]
+        assert all(end > 0 for end in ends), ends
+        await s.converge(max_steps=40)
+        for tp in tps:
+            assert_identical(s.follower.partitions[tp].log, s.leader.partitions[tp].log)
+    finally:
+        s.close()
+
+
+async def test_follows_leader_log_start_offset(setup: Setup) -> None:
+    f, ld = setup.log("f"), setup.log("l")
+    write(ld, 0, 4, setup.clock)
+    setup.leader.lead(TP, ld, 0)
+    setup.start(TP, f, 0)
+    await setup.converge()
+    ld.maybe_increment_log_start_offset(6)
+    write(ld, 0, 1, setup.clock)
+    setup.leader.partitions[TP].high_watermark = ld.log_end_offset
+    await setup.converge()
+    assert f.log_start_offset == 6
