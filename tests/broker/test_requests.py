@@ -1,0 +1,198 @@
+"""Fencing, offsets APIs, control requests and bad input on a real in-process broker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import pytest
+
+from common.errors import ErrorCode
+from common.http import RpcBadRequest, RpcClient
+from common.wire import TopicPartition, encode
+from tests.broker.conftest import TP, StartBroker, batch, fetch_body, part, produce_body
+from tests.fake_controller import FakeController
+
+
+async def leader_broker(start_broker: StartBroker, controller: FakeController, **kw: Any) -> str:
+    b = await start_broker(**kw)
+    await controller.elect(TP, leader=1, replicas=[1])
+    return b.address
+
+
+async def test_fetch_fencing_by_leader_epoch(start_broker: StartBroker, controller: FakeController,
+                                             rpc: RpcClient) -> None:
+    addr = await leader_broker(start_broker, controller)
+    await controller.elect(TP, leader=1, replicas=[1])  # leader epoch 1
+    await rpc.call(addr, "produce", produce_body(batch()))
+    assert part(await rpc.call(addr, "fetch", fetch_body(0, current_leader_epoch=0)))["error"] == \
+        ErrorCode.FENCED_LEADER_EPOCH
+    assert part(await rpc.call(addr, "fetch", fetch_body(0, current_leader_epoch=2)))["error"] == \
+        ErrorCode.UNKNOWN_LEADER_EPOCH
+    assert part(await rpc.call(addr, "fetch", fetch_body(0, current_leader_epoch=1)))["error"] == 0
+
+
+async def test_stale_controller_epoch_and_stale_partition_epoch(start_broker: StartBroker,
+                                                                controller: FakeController, rpc: RpcClient) -> None:
+    addr = await leader_broker(start_broker, controller)
+    controller.controller_epoch = 3
+    p = await controller.elect(TP, leader=1, replicas=[1])
+    old = await controller.send_leader_and_isr(addr, [p.state(TP)], controller_epoch=2)
+    assert old["error"] == ErrorCode.STALE_CONTROLLER_EPOCH
+    same = await controller.send_leader_and_isr(addr, [p.state(TP)])
+    assert same["partitions"][0]["error"] == ErrorCode.STALE_CONTROLLER_EPOCH  # leader epoch not newer
+    um = await rpc.call(addr, "update_metadata", {"controller_id": 1, "controller_epoch": 1, "brokers": []})
+    assert um["error"] == ErrorCode.STALE_CONTROLLER_EPOCH
+
+
+async def test_not_leader_and_unknown_partition(start_broker: StartBroker, controller: FakeController,
+                                                rpc: RpcClient) -> None:
+    b = await start_broker()
+    await controller.elect(TP, leader=2, replicas=[1, 2])  # broker 1 follows an unreachable broker 2
+    assert part(await rpc.call(b.address, "produce", produce_body(batch())))["error"] == \
+        ErrorCode.NOT_LEADER_OR_FOLLOWER
+    other = TopicPartition("nope", 0)
+    assert part(await rpc.call(b.address, "produce", produce_body(batch(), tp=other)))["error"] == \
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    assert part(await rpc.call(b.address, "fetch", fetch_body(0, tp=other)))["error"] == \
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+async def test_list_offsets_and_epochs(start_broker: StartBroker, controller: FakeController,
+                                       rpc: RpcClient) -> None:
+    addr = await leader_broker(start_broker, controller)
+    await rpc.call(addr, "produce", produce_body(batch(3, ts=1000)))
+    await controller.elect(TP, leader=1, replicas=[1])  # epoch 1 starts at offset 3
+    await rpc.call(addr, "produce", produce_body(batch(2, ts=2000)))
+
+    async def lo(ts: int) -> dict[str, Any]:
+        return part(await rpc.call(addr, "list_offsets", {"replica_id": -1, "topics": [
+            {"topic": TP.topic, "partitions": [{"partition": 0, "timestamp": ts}]}]}))
+
+    assert (await lo(-2))["offset"] == 0
+    assert (await lo(-1))["offset"] == 5
+    assert (await lo(1500))["offset"] == 3
+    assert (await lo(9999))["offset"] == -1
+
+    async def ofle(epoch: int) -> dict[str, Any]:
+        return part(await rpc.call(addr, "offsets_for_leader_epoch", {"replica_id": 2, "topics": [
+            {"topic": TP.topic, "partitions": [{"partition": 0, "current_leader_epoch": -1,
+                                                "leader_epoch": epoch}]}]}))
+
+    assert (await ofle(0))["leader_epoch"] == 0 and (await ofle(0))["end_offset"] == 3
+    assert (await ofle(1))["end_offset"] == 5
+
+
+async def test_diverging_epoch_for_follower(start_broker: StartBroker, controller: FakeController,
+                                            rpc: RpcClient) -> None:
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1, 2])
+    await rpc.call(b.address, "produce", produce_body(batch(3)))
+    await controller.elect(TP, leader=1, replicas=[1, 2])  # epoch 1 from offset 3
+    await rpc.call(b.address, "produce", produce_body(batch(3)))
+    # follower claims epoch 0 up to offset 5: the leader's epoch 0 ended at 3
+    f = part(await rpc.call(b.address, "fetch", fetch_body(5, replica_id=2, broker_epoch=1, last_fetched_epoch=0)))
+    assert f["diverging_epoch"] == {"epoch": 0, "end_offset": 3} and f["records"] == b""
+    f = part(await rpc.call(b.address, "fetch", fetch_body(3, replica_id=2, broker_epoch=1, last_fetched_epoch=0)))
+    assert f["diverging_epoch"] is None and f["records"]
+
+
+async def test_follower_fetch_from_non_replica(start_broker: StartBroker, controller: FakeController,
+                                               rpc: RpcClient) -> None:
+    addr = await leader_broker(start_broker, controller)
+    f = part(await rpc.call(addr, "fetch", fetch_body(0, replica_id=7, broker_epoch=1)))
+    assert f["error"] == ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+async def test_stale_follower_broker_epoch(start_broker: StartBroker, controller: FakeController,
+                                           rpc: RpcClient) -> None:
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1, 2])
+    await rpc.call(b.address, "fetch", fetch_body(0, replica_id=2, broker_epoch=10))
+    r = await rpc.call(b.address, "fetch", fetch_body(0, replica_id=2, broker_epoch=9))
+    assert r["error"] == ErrorCode.STALE_BROKER_EPOCH
+
+
+async def test_stop_replica_deletes_log(start_broker: StartBroker, controller: FakeController,
+                                        rpc: RpcClient) -> None:
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1])
+    await rpc.call(b.address, "produce", produce_body(batch()))
+    log_dir = b.opts.data_dir / "t-0"
+    assert log_dir.exists()
+    r = await controller.send_stop_replica(b.address, TP, delete=True)
+    assert r["error"] == 0 and r["partitions"][0]["error"] == 0
+    assert not log_dir.exists()
+    assert part(await rpc.call(b.address, "produce", produce_body(batch())))["error"] == \
+        ErrorCode.NOT_LEADER_OR_FOLLOWER  # still in metadata, no longer hosted
+
+
+async def test_metadata_status_metrics(start_broker: StartBroker, controller: FakeController,
+                                       rpc: RpcClient) -> None:
+    addr = await leader_broker(start_broker, controller)
+    await rpc.call(addr, "produce", produce_body(batch(5)))
+    md = await rpc.call(addr, "metadata", {"topics": None})
+    assert md["brokers"][0]["node_id"] == 1
+    assert md["topics"][0]["partitions"][0]["leader"] == 1
+    md = await rpc.call(addr, "metadata", {"topics": ["missing"]})
+    assert md["topics"][0]["error"] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    status = await rpc.get_json(addr, "/v1/status")
+    assert status["node_id"] == 1 and status["broker_epoch"] > 0
+    assert status["partitions"][0]["log_end_offset"] == 5
+    async with aiohttp.ClientSession() as s, s.get(f"http://{addr}/metrics") as resp:
+        text = await resp.text()
+    assert "minibroker_messages_in_total 5.0" in text
+    assert 'minibroker_request_latency_seconds_count{api="produce"} 1.0' in text
+    assert "minibroker_under_replicated_partitions 0.0" in text
+
+
+BAD_BODIES: list[tuple[str, bytes]] = [
+    ("produce", b"\xc1\xc1not msgpack"),
+    ("produce", encode([1, 2, 3])),
+    ("produce", encode({"acks": 1})),
+    ("produce", encode({"acks": "1", "topics": []})),
+    ("produce", encode({"acks": 1, "topics": [{"topic": "t", "partitions": [{"partition": -1, "records": b""}]}]})),
+    ("produce", encode({"acks": 1, "topics": [{"topic": "t", "partitions": [{"partition": 0, "records": "x"}]}]})),
+    ("fetch", encode({"topics": [{"topic": "t", "partitions": [{"partition": 0, "fetch_offset": -5}]}]})),
+    ("fetch", encode({"max_bytes": -1, "topics": []})),
+    ("fetch", encode({"max_wait_ms": 10**12, "topics": []})),
+    ("list_offsets", encode({"topics": [{"topic": 5, "partitions": []}]})),
+    ("leader_and_isr", encode({"controller_id": 1, "controller_epoch": 9, "partition_states": [{"topic": "t"}]})),
+    ("stop_replica", encode({"controller_id": 1, "controller_epoch": 9})),
+    ("metadata", encode({"topics": "t"})),
+]
+
+
+@pytest.mark.parametrize(("api", "body"), BAD_BODIES)
+async def test_bad_bodies_get_400_and_change_nothing(start_broker: StartBroker, controller: FakeController,
+                                                     rpc: RpcClient, api: str, body: bytes) -> None:
+    addr = await leader_broker(start_broker, controller)
+    async with aiohttp.ClientSession() as s, s.post(f"http://{addr}/v1/{api}", data=body) as resp:
+        assert resp.status == 400
+        assert api in await resp.text()
+    with pytest.raises(RpcBadRequest):
+        await rpc.call(addr, "fetch", {"topics": "x"})
+    assert part(await rpc.call(addr, "fetch", fetch_body(0)))["log_end_offset"] == 0
+
+
+async def test_bad_batches_get_error_codes(start_broker: StartBroker, controller: FakeController,
+                                           rpc: RpcClient) -> None:
+    addr = await leader_broker(start_broker, controller, sets={"message.max.bytes": 2000})
+    good = batch(3)
+    corrupt = bytearray(good)
+    corrupt[-1] ^= 0xFF
+    cases = [
+        (bytes(corrupt), ErrorCode.CORRUPT_MESSAGE),
+        (good[:30], ErrorCode.CORRUPT_MESSAGE),
+        (batch(50, size=100), ErrorCode.MESSAGE_TOO_LARGE),
+        (b"", ErrorCode.INVALID_RECORD),
+        (good + good[:20], ErrorCode.CORRUPT_MESSAGE),  # a valid batch then a torn one: nothing appended
+    ]
+    for records, code in cases:
+        r = part(await rpc.call(addr, "produce", produce_body(records)))
+        assert r["error"] == code, (code, r)
+    r = part(await rpc.call(addr, "produce", produce_body(good, acks=2)))
+    assert r["error"] == ErrorCode.INVALID_REQUIRED_ACKS
+    assert part(await rpc.call(addr, "fetch", fetch_body(0)))["log_end_offset"] == 0
+    f = part(await rpc.call(addr, "fetch", fetch_body(10**15)))
+    assert f["error"] == ErrorCode.OFFSET_OUT_OF_RANGE
