@@ -1,0 +1,192 @@
+"""All partition logs of one broker's data directory.
+
+Layout (the broker owns ``meta.properties``; everything else here is ours)::
+
+    <data-dir>/
+      replication-offset-checkpoint       HW per partition (written for the broker)
+      recovery-point-offset-checkpoint    offset up to which each log is fsynced
+      log-start-offset-checkpoint
+      <topic>-<partition>/                one ``Log`` each
+
+Opening a log may validate whole segments, so ``load``, ``get_or_create_log``,
+``delete_log`` and ``close`` run the blocking work in ``asyncio.to_thread``;
+each ``Log`` is touched by one thread at a time (``close`` must come after
+request handling stopped). Checkpoint writes are small (one fsync) and inline.
+
+``start()`` (optional) runs Kafka's periodic log tasks on the event loop:
+retention every ``log.retention.check.interval.ms`` (bounded by the HW when a
+``high_watermarks`` source is given), the ``flush.ms`` policy and deferred
+roll fsyncs every second, and the recovery-point / log-start checkpoint every
+``log.flush.offset.checkpoint.interval.ms``. ``tick()`` runs what is due once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+
+from common.clock import Clock
+from common.config import Config
+from common.logging import get_logger
+from common.wire import TopicPartition
+from storage import checkpoint
+from storage.log import Log, LogConfig, StorageError, parse_topic_partition
+
+HW_CHECKPOINT = "replication-offset-checkpoint"
+RECOVERY_CHECKPOINT = "recovery-point-offset-checkpoint"
+LOG_START_CHECKPOINT = "log-start-offset-checkpoint"
+TICK_S = 1.0
+
+log = get_logger("storage.log_manager")
+
+
+class LogManager:
+    def __init__(self, data_dir: Path, config: Config, clock: Clock, *,
+                 high_watermarks: Callable[[], dict[TopicPartition, int]] | None = None) -> None:
+        self.data_dir = data_dir
+        self.config = config
+        self.clock = clock
+        self.high_watermarks = high_watermarks
+        self._logs: dict[TopicPartition, Log] = {}
+        self._creating: dict[TopicPartition, asyncio.Future[Log]] = {}
+        self._task: asyncio.Task[None] | None = None
+        now = clock.monotonic_ms()
+        self._last_retention_ms = now
+        self._last_checkpoint_ms = now
+
+    # ---- loading and lookup --------------------------------------------------------------------------------
+    async def load(self) -> None:
+        """Open every ``<topic>-<partition>`` directory, recovering from the checkpointed recovery points."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        recovery = self._read_checkpoint(RECOVERY_CHECKPOINT)
+        starts = self._read_checkpoint(LOG_START_CHECKPOINT)
+        default = LogConfig.from_config(self.config)
+        for path in sorted(self.data_dir.iterdir()):
+            try:
+                tp = parse_topic_partition(path)
+            except ValueError:
+                continue
+            if not path.is_dir() or tp in self._logs:
+                continue
+            opened = await asyncio.to_thread(Log.open, path, default, self.clock,
+                                             recovery_point=recovery.get(tp, 0), log_start_offset=starts.get(tp))
+            opened.defer_roll_flush = True
+            self._logs[tp] = opened
+        log.info("logs_loaded", count=len(self._logs), data_dir=str(self.data_dir))
+
+    def get_log(self, tp: TopicPartition) -> Log | None:
+        return self._logs.get(tp)
+
+    def logs(self) -> dict[TopicPartition, Log]:
+        return dict(self._logs)
+
+    async def get_or_create_log(self, tp: TopicPartition, config: LogConfig) -> Log:
+        """The partition's log, created (empty) if absent; an existing log takes ``config``."""
+        existing = self._logs.get(tp)
+        if existing is not None:
+            existing.update_config(config)
+            return existing
+        pending = self._creating.get(tp)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        if not tp.topic or "/" in tp.topic or tp.topic in (".", "..") or tp.partition < 0:
+            raise ValueError(f"invalid topic partition {tp!r}")
+        future: asyncio.Future[Log] = asyncio.get_running_loop().create_future()
+        self._creating[tp] = future
+        try:
+            created = await asyncio.to_thread(Log.open, self.data_dir / str(tp), config, self.clock)
+            created.defer_roll_flush = True
+            self._logs[tp] = created
+            future.set_result(created)
+            log.info("log_created", topic=tp.topic, partition=tp.partition)
+            return created
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: no "never retrieved" warning if nobody else waited
+            raise
+        finally:
+            del self._creating[tp]
+
+    async def delete_log(self, tp: TopicPartition) -> None:
+        doomed = self._logs.pop(tp, None)
+        if doomed is None:
+            return
+        await asyncio.to_thread(doomed.delete)
+        self.checkpoint_recovery_points_and_log_starts()
+
+    # ---- checkpoints ---------------------------------------------------------------------------------------
+    def read_high_watermarks(self) -> dict[TopicPartition, int]:
+        return self._read_checkpoint(HW_CHECKPOINT)
+
+    def checkpoint_high_watermarks(self, hws: dict[TopicPartition, int]) -> None:
+        self._write_checkpoint(HW_CHECKPOINT, hws)
+
+    def checkpoint_recovery_points_and_log_starts(self) -> None:
+        self._write_checkpoint(RECOVERY_CHECKPOINT, {tp: lg.recovery_point for tp, lg in self._logs.items()})
+        self._write_checkpoint(LOG_START_CHECKPOINT, {tp: lg.log_start_offset for tp, lg in self._logs.items()})
+
+    def _read_checkpoint(self, name: str) -> dict[TopicPartition, int]:
+        try:
+            return checkpoint.read_offsets(self.data_dir / name)
+        except (checkpoint.CheckpointError, OSError) as exc:
+            # Safe fallback: no recovery point = recover everything; no HW = the broker re-learns it.
+            log.warning("checkpoint_unreadable", file=name, error=str(exc))
+            return {}
+
+    def _write_checkpoint(self, name: str, offsets: dict[TopicPartition, int]) -> None:
+        try:
+            checkpoint.write_offsets(self.data_dir / name, offsets)
+        except OSError as exc:
+            raise StorageError(f"cannot write {name}: {exc}") from exc
+
+    # ---- periodic tasks ------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="log-manager")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            try:
+                await self.tick()
+            except Exception:  # keep the periodic tasks alive; the failing log is marked unusable
+                log.exception("log_manager_tick_failed")
+
+    async def tick(self) -> None:
+        """Run whatever periodic work is due now."""
+        now = self.clock.monotonic_ms()
+        for lg in list(self._logs.values()):
+            with contextlib.suppress(StorageError):
+                lg.maybe_flush()
+                await lg.flush_rolled_segments()
+        if now - self._last_retention_ms >= self.config.get_int("log.retention.check.interval.ms"):
+            self._last_retention_ms = now
+            self.run_retention()
+        if now - self._last_checkpoint_ms >= self.config.get_int("log.flush.offset.checkpoint.interval.ms"):
+            self._last_checkpoint_ms = now
+            self.checkpoint_recovery_points_and_log_starts()
+
+    def run_retention(self) -> int:
+        hws = self.high_watermarks() if self.high_watermarks is not None else {}
+        deleted = 0
+        for tp, lg in list(self._logs.items()):
+            with contextlib.suppress(StorageError):
+                # A partition the HW source does not know keeps everything at or above its log start.
+                bound = hws.get(tp, lg.log_start_offset) if self.high_watermarks is not None else None
+                deleted += lg.delete_old_segments(bound)
+        return deleted
+
+    async def close(self) -> None:
+        """Stop periodic work; flush and close every log; write the checkpoints."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for lg in self._logs.values():
+            with contextlib.suppress(StorageError):
+                await asyncio.to_thread(lg.close)
+        self.checkpoint_recovery_points_and_log_starts()
+        log.info("logs_closed", count=len(self._logs))

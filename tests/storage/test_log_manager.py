@@ -1,0 +1,90 @@
+"""LogManager: load, create, checkpoints, retention tick, delete, close."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from common.clock import ManualClock
+from common.config import broker_config
+from common.wire import TopicPartition
+from storage import checkpoint
+from storage.log import LogConfig
+from storage.log_manager import HW_CHECKPOINT, LOG_START_CHECKPOINT, RECOVERY_CHECKPOINT, LogManager
+from tests.storage.helpers import TS, batch
+
+A = TopicPartition("orders", 0)
+B = TopicPartition("orders", 1)
+C = TopicPartition("my-topic", 12)
+
+
+async def test_create_load_and_checkpoints(tmp_path: Path) -> None:
+    clock = ManualClock(TS)
+    mgr = LogManager(tmp_path, broker_config(), clock)
+    await mgr.load()
+    assert mgr.logs() == {}
+    cfg = LogConfig(segment_bytes=1000)
+    logs = await asyncio.gather(*(mgr.get_or_create_log(tp, cfg) for tp in (A, A, B, C)))
+    assert logs[0] is logs[1]
+    for i, tp in enumerate((A, B, C)):
+        lg = mgr.get_log(tp)
+        assert lg is not None
+        for _ in range(i + 3):
+            lg.append_as_leader(batch(2, size=200), 1)
+    mgr.checkpoint_high_watermarks({A: 4, B: 2})
+    assert mgr.read_high_watermarks() == {A: 4, B: 2}
+    mgr.get_log(A).maybe_increment_log_start_offset(2)  # type: ignore[union-attr]
+    await mgr.close()
+    assert checkpoint.read_offsets(tmp_path / RECOVERY_CHECKPOINT) == {A: 6, B: 8, C: 10}
+    assert checkpoint.read_offsets(tmp_path / LOG_START_CHECKPOINT) == {A: 2, B: 0, C: 0}
+
+    mgr2 = LogManager(tmp_path, broker_config(), clock)
+    await mgr2.load()
+    assert set(mgr2.logs()) == {A, B, C}
+    assert {tp: lg.log_end_offset for tp, lg in mgr2.logs().items()} == {A: 6, B: 8, C: 10}
+    assert mgr2.get_log(A).log_start_offset == 2  # type: ignore[union-attr]
+    assert mgr2.read_high_watermarks() == {A: 4, B: 2}
+    await mgr2.delete_log(B)
+    assert not (tmp_path / "orders-1").exists()
+    assert B not in checkpoint.read_offsets(tmp_path / RECOVERY_CHECKPOINT)
+    await mgr2.close()
+
+
+async def test_unreadable_checkpoints_fall_back_to_full_recovery(tmp_path: Path) -> None:
+    mgr = LogManager(tmp_path, broker_config(), ManualClock(TS))
+    await mgr.load()
+    lg = await mgr.get_or_create_log(A, LogConfig())
+    lg.append_as_leader(batch(3), 0)
+    await mgr.close()
+    for name in (RECOVERY_CHECKPOINT, LOG_START_CHECKPOINT, HW_CHECKPOINT):
+        (tmp_path / name).write_text("garbage\n")
+    (tmp_path / "not-a-partition-dir").mkdir()
+    (tmp_path / "meta.properties").write_text("broker.id=1\n")
+    mgr = LogManager(tmp_path, broker_config(), ManualClock(TS))
+    await mgr.load()
+    assert mgr.read_high_watermarks() == {}
+    assert mgr.get_log(A).log_end_offset == 3  # type: ignore[union-attr]
+    await mgr.close()
+
+
+async def test_tick_runs_retention_bounded_by_hw_and_checkpoints(tmp_path: Path) -> None:
+    clock = ManualClock(TS)
+    hws = {A: 0}
+    cfg = broker_config({"log.retention.check.interval.ms": 1000, "log.flush.offset.checkpoint.interval.ms": 1000})
+    mgr = LogManager(tmp_path, cfg, clock, high_watermarks=lambda: dict(hws))
+    await mgr.load()
+    lg = await mgr.get_or_create_log(A, LogConfig(segment_bytes=600, retention_bytes=700))
+    for _ in range(8):
+        lg.append_as_leader(batch(1, size=250), 0)
+    segments = len(lg.segments)
+    clock.advance(1000)
+    await mgr.tick()
+    assert len(lg.segments) == segments  # HW 0: nothing may go
+    assert lg.recovery_point == lg.segments[-1].base_offset  # deferred roll fsyncs done
+    assert checkpoint.read_offsets(tmp_path / RECOVERY_CHECKPOINT) == {A: lg.recovery_point}
+    hws[A] = lg.log_end_offset
+    clock.advance(1000)
+    await mgr.tick()
+    assert len(lg.segments) < segments and lg.log_start_offset == lg.segments[0].base_offset
+    mgr.start()
+    await mgr.close()
