@@ -188,7 +188,7 @@ class HttpLeaderEndpoint:
         try:
             return await self._rpc.call(self._broker.address, api, body, timeout_s=timeout_s)
         except (RpcError, ValueError) as exc:  # msgpack's decode errors are ValueErrors
-            raise LeaderUnavailableError(f"{api} to {self._broker.address}: {exc}") from exc
+            raise LeaderUnavailableError(str(exc)) from exc
 
     async def fetch(self, request: FetchRequest) -> FetchResponse:
         # The long poll may legitimately take max_wait_ms; the socket timeout comes on top.

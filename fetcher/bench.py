@@ -1,0 +1,306 @@
+"""Replication benchmark (issue 5): ``python -m fetcher.bench [--batches N]``. Prints figures, asserts nothing.
+
+In one run, with real broker processes on 127.0.0.1 and this process acting as
+the controller (LeaderAndIsr by hand, AlterPartition accepted as asked):
+
+1. baseline: 1 broker, RF=1, acks=1;
+2. replicated: 3 brokers, RF=3, acks=all, min.insync.replicas=2;
+
+both with batches of 1000 x 100-byte records, the same partitions and the same
+number of requests in flight. The replication ratio is (2) / (1) in records/s
+(Kafka's published ratio for synchronous 3x replication is 0.51).
+
+3. leader moves while producing: after each LeaderAndIsr that turns the old
+   leader into a follower, that broker logs ``follower_first_append`` with the
+   time from adding the partition to its fetcher to its first appended batch;
+   the median is reported (plus the client-side time from sending the
+   LeaderAndIsr to that first append, read from the same event's timestamp).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from common.wire import CONTENT_TYPE, decode, encode
+
+REPO = Path(__file__).resolve().parent.parent
+VALUE_BYTES = 100
+PER_BATCH = 1000
+
+
+@dataclass
+class StubController:
+    """Registration, heartbeats, AlterPartition (always accepted) and controlled shutdown."""
+
+    isr: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    next_epoch: int = 100
+    address: str = ""
+    runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        for api in ("broker_registration", "broker_heartbeat", "controlled_shutdown", "alter_partition"):
+            app.router.add_post(f"/v1/{api}", self._handler(api))
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        self.address = f"127.0.0.1:{self.runner.addresses[0][1]}"
+
+    def _handler(self, api: str) -> Any:
+        async def handle(request: web.Request) -> web.Response:
+            body = decode(await request.read())
+            return web.Response(body=encode(self._answer(api, body)), content_type=CONTENT_TYPE)
+        return handle
+
+    def _answer(self, api: str, body: dict[str, Any]) -> dict[str, Any]:
+        if api == "broker_registration":
+            self.next_epoch += 1
+            return {"error": 0, "broker_epoch": self.next_epoch}
+        if api == "broker_heartbeat":
+            return {"error": 0, "is_fenced": False, "should_shutdown": False, "heartbeat_interval_ms": 2000}
+        if api == "controlled_shutdown":
+            return {"error": 0, "remaining_partitions": []}
+        topics = []
+        for t in body.get("topics", []):
+            parts = []
+            for p in t["partitions"]:
+                state = self.isr.setdefault((t["topic"], p["partition"]), {"partition_epoch": p["partition_epoch"]})
+                state["partition_epoch"] = p["partition_epoch"] + 1
+                parts.append({"partition": p["partition"], "error": 0, "leader": body["broker_id"],
+                              "leader_epoch": p["leader_epoch"], "isr": p["new_isr"],
+                              "partition_epoch": state["partition_epoch"]})
+            topics.append({"topic": t["topic"], "partitions": parts})
+        return {"error": 0, "topics": topics}
+
+    async def close(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+@dataclass
+class Broker:
+    node_id: int
+    proc: subprocess.Popen[bytes]
+    address: str
+    stderr: Path
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        out = []
+        for line in self.stderr.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                obj = json.loads(line)
+                if isinstance(obj, dict) and obj.get("event") == name:
+                    out.append(obj)
+        return out
+
+
+def spawn_broker(node_id: int, work: Path, controller: str, sets: dict[str, Any]) -> Broker:
+    data_dir = work / f"broker{node_id}"
+    data_dir.mkdir(parents=True)
+    stderr = work / f"broker{node_id}.stderr.log"
+    args = [sys.executable, "-m", "cli.main", "broker", "--node-id", str(node_id), "--listen", "127.0.0.1:0",
+            "--controller", controller, "--data-dir", str(data_dir)]
+    for k, v in sets.items():
+        args += ["--set", f"{k}={v}"]
+    with open(stderr, "wb") as err:
+        proc = subprocess.Popen(args, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    endpoint = data_dir / "endpoint"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if endpoint.exists() and endpoint.read_text().strip():
+            return Broker(node_id, proc, endpoint.read_text().strip(), stderr)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    stop_broker(proc)
+    raise RuntimeError(f"broker {node_id} did not start; see {stderr}")
+
+
+def stop_broker(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class Bench:
+    def __init__(self, session: aiohttp.ClientSession, controller: StubController,
+                 brokers: dict[int, Broker]) -> None:
+        self.session = session
+        self.controller = controller
+        self.brokers = brokers
+        self.leader_epochs: dict[tuple[str, int], int] = {}
+        self.leaders: dict[tuple[str, int], int] = {}
+
+    async def call(self, node_id: int, api: str, body: dict[str, Any]) -> dict[str, Any]:
+        url = f"http://{self.brokers[node_id].address}/v1/{api}"
+        async with self.session.post(url, data=encode(body), headers={"Content-Type": CONTENT_TYPE}) as resp:
+            result: dict[str, Any] = decode(await resp.read())
+            return result
+
+    async def elect(self, topic: str, partition: int, leader: int, replicas: list[int], min_isr: int) -> float:
+        """LeaderAndIsr to every replica (the new leader first); returns the send time of the last one."""
+        key = (topic, partition)
+        epoch = self.leader_epochs.get(key, -1) + 1
+        self.leader_epochs[key] = epoch
+        self.leaders[key] = leader
+        state = self.controller.isr.setdefault(key, {"partition_epoch": 0})
+        state["partition_epoch"] += 1
+        ps = {"topic": topic, "partition": partition, "leader": leader, "leader_epoch": epoch, "isr": replicas,
+              "partition_epoch": state["partition_epoch"], "replicas": replicas, "is_new": epoch == 0}
+        live = [{"node_id": b.node_id, "host": b.address.split(":")[0], "port": int(b.address.split(":")[1])}
+                for b in self.brokers.values()]
+        sent = 0.0
+        for r in sorted(replicas, key=lambda r: r != leader):
+            body = {"controller_id": 100, "controller_epoch": 1, "broker_epoch": -1, "partition_states": [ps],
+                    "live_leaders": live, "topic_configs": {topic: {"min.insync.replicas": min_isr}}}
+            sent = time.time()
+            answer = await self.call(r, "leader_and_isr", body)
+            if answer.get("error"):
+                raise RuntimeError(f"leader_and_isr to {r}: {answer}")
+        return sent
+
+    async def produce(self, topic: str, partitions: int, batches: int, acks: int, in_flight: int) -> float:
+        """Send ``batches`` batches round-robin over partitions; returns elapsed seconds."""
+        from storage.record_batch import build_batch
+
+        payload = build_batch([(None, b"v" * VALUE_BYTES)] * PER_BATCH, timestamp_ms=int(time.time() * 1000))
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        for i in range(batches):
+            queue.put_nowait(i % partitions)
+
+        async def worker() -> None:
+            while not queue.empty():
+                p = queue.get_nowait()
+                body = {"acks": acks, "timeout_ms": 30_000,
+                        "topics": [{"topic": topic, "partitions": [{"partition": p, "records": payload}]}]}
+                for _ in range(200):
+                    answer = await self.call(self.leaders[(topic, p)], "produce", body)
+                    if answer["topics"][0]["partitions"][0]["error"] == 0:
+                        break
+                    await asyncio.sleep(0.02)
+                else:
+                    raise RuntimeError(f"produce to {topic}-{p} kept failing: {answer}")
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(in_flight)))
+        return time.perf_counter() - start
+
+
+async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    controller = StubController()
+    await controller.start()
+    sets = {"replica.fetch.wait.max.ms": 500, "replica.lag.time.max.ms": 30_000}
+    brokers: dict[int, Broker] = {}
+    try:
+        for n in (1, 2, 3, 4):
+            brokers[n] = await asyncio.to_thread(spawn_broker, n, work, controller.address, sets)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
+            bench = Bench(session, controller, brokers)
+            for p in range(args.partitions):
+                await bench.elect("single", p, 4, [4], 1)
+                await bench.elect("replicated", p, 1 + p % 3, [1, 2, 3], 2)
+            await asyncio.sleep(1.0)  # followers start fetching
+            await bench.produce("single", args.partitions, 10, 1, args.in_flight)  # warm-up
+            await bench.produce("replicated", args.partitions, 10, -1, args.in_flight)
+            single_s = await bench.produce("single", args.partitions, args.batches, 1, args.in_flight)
+            repl_s = await bench.produce("replicated", args.partitions, args.batches, -1, args.in_flight)
+            moves = await leader_moves(bench, args)
+        records = args.batches * PER_BATCH
+        result = {
+            "records_per_phase": records,
+            "single_rf1_acks1_records_per_s": round(records / single_s),
+            "replicated_rf3_acksall_records_per_s": round(records / repl_s),
+            "replication_ratio": round(single_s / repl_s, 3),
+            "single_mb_per_s": round(records * VALUE_BYTES / single_s / 1e6, 1),
+            "replicated_mb_per_s": round(records * VALUE_BYTES / repl_s / 1e6, 1),
+            **moves,
+        }
+        return result
+    finally:
+        for b in brokers.values():
+            await asyncio.to_thread(stop_broker, b.proc)
+        await controller.close()
+
+
+async def leader_moves(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
+    """Move leadership of replicated-0 around while producing to it; collect first-append delays."""
+    key = ("replicated", 0)
+    stop = asyncio.Event()
+
+    async def producer() -> None:
+        while not stop.is_set():
+            await bench.produce("replicated", 1, 1, -1, 1)
+
+    task = asyncio.create_task(producer())
+    sent_at: list[tuple[int, float]] = []
+    try:
+        for _ in range(args.moves):
+            old = bench.leaders[key]
+            new = 1 + old % 3
+            sent_at.append((old, await bench.elect("replicated", 0, new, [1, 2, 3], 2)))
+            await asyncio.sleep(args.move_interval_s)
+    finally:
+        stop.set()
+        await task
+    internal: list[float] = []
+    external: list[float] = []
+    for old, sent in sent_at:
+        events = [e for e in bench.brokers[old].events("follower_first_append")
+                  if e.get("topic") == "replicated" and e.get("partition") == 0]
+        after = [e for e in events if _ts(e) >= sent - 0.001]
+        if after:
+            first = min(after, key=_ts)
+            internal.append(float(first["since_added_ms"]))
+            external.append((_ts(first) - sent) * 1000)
+    return {
+        "leader_moves": len(sent_at),
+        "first_append_samples": len(internal),
+        "median_added_to_first_append_ms": round(statistics.median(internal), 1) if internal else None,
+        "median_leader_and_isr_sent_to_first_append_ms": round(statistics.median(external), 1) if external else None,
+    }
+
+
+def _ts(event: dict[str, Any]) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(str(event["timestamp"]).replace("Z", "+00:00")).timestamp()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fetcher.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", type=int, default=200, help="batches per phase (1000 records each)")
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--in-flight", type=int, default=6, help="produce requests in flight")
+    parser.add_argument("--moves", type=int, default=10, help="leader moves in phase 3")
+    parser.add_argument("--move-interval-s", type=float, default=0.5)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="fetcher-bench-") as tmp:
+        result = asyncio.run(run(args, Path(tmp)))
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
