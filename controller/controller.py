@@ -149,7 +149,8 @@ class Controller:
                       "leader_epoch": c.new.leader_epoch, "partition_epoch": c.new.partition_epoch,
                       "isr": list(c.new.isr)}
             if c.leader_changed:
-                self.metrics.elections.labels(reason=c.reason.value).inc()
+                if c.new.leader != NO_LEADER:
+                    self.metrics.elections.labels(reason=c.reason.value).inc()
                 if c.new.leader == NO_LEADER:
                     log.warning("partition_offline", **fields)
                 elif c.reason is ElectionReason.UNCLEAN:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from common.clock import ManualClock
 from common.config import controller_config
 from common.errors import ErrorCode
 from common.http import RpcClient
-from common.wire import CONTENT_TYPE, encode
+from common.wire import CONTENT_TYPE, TopicPartition, encode
 from controller.controller import Controller
 from controller.server import make_app
 from tests.controller.fakes import FakeBroker, eventually
@@ -336,3 +337,37 @@ async def test_bad_bodies_are_400(h: Harness, api: str, body: bytes) -> None:
 async def _metrics(h: Harness) -> str:
     async with aiohttp.ClientSession() as session, session.get(f"http://{h.address}/metrics") as resp:
         return await resp.text()
+
+
+async def test_preferred_leader_timer_moves_leadership_back(tmp_path: Path) -> None:
+    h = Harness(tmp_path / "c", ManualClock(), {"auto.leader.rebalance.enable": True,
+                                                "leader.imbalance.check.interval.seconds": 1,
+                                                "leader.imbalance.per.broker.percentage": 0})
+    await h.start_controller()
+    try:
+        for b in (1, 2):
+            await h.add_broker(b)
+        assert await h.create("t", 1, 2) == 0
+        p = await h.partition("t", 0)
+        preferred, other = p["replicas"]
+        # the preferred leader restarts: a new incarnation leaves the ISR and leadership moves to the other
+        await h.register(preferred)
+        p = await h.partition("t", 0)
+        assert p["leader"] == other and p["isr"] == [other]
+        # the timer does nothing while the preferred replica is out of sync
+        await asyncio.sleep(1.3)
+        assert (await h.partition("t", 0))["leader"] == other
+        # it catches up: the leader adds it back with its new broker epoch
+        resp = await h.call("alter_partition", {"broker_id": other, "broker_epoch": h.epochs[other], "topics": [
+            {"topic": "t", "partitions": [{"partition": 0, "leader_epoch": p["leader_epoch"],
+                                           "partition_epoch": p["partition_epoch"], "new_isr": [other, preferred],
+                                           "new_isr_broker_epochs": [
+                                               {"broker_id": preferred, "broker_epoch": h.epochs[preferred]}]}]}]})
+        assert resp["topics"][0]["partitions"][0]["error"] == 0
+        await eventually(lambda: h.c.image.partitions[TopicPartition("t", 0)].leader == preferred,
+                         what="the preferred leader elected by the timer")
+        fb = h.brokers[preferred]
+        await eventually(lambda: (fb.latest("t", 0) or {}).get("leader") == preferred, what="LeaderAndIsr")
+        assert 'reason="preferred"' in await _metrics(h)
+    finally:
+        await h.close()
