@@ -290,23 +290,31 @@ class Log:
             if base != expected:
                 raise OffsetMismatchError(f"{self.topic_partition}: batch at offset {base}, expected {expected}")
             metas.append(BatchMeta(base, size, max_ts, base + lod + 1))
-            if epoch >= 0 and (not epochs or epochs[-1][0] != epoch):
+            if not epochs or epochs[-1][0] != epoch:
                 epochs.append((epoch, base))
             expected = base + lod + 1
             pos += size
             num_records += count
-        for epoch, base in epochs:
-            self._follow_epoch(epoch, base)
+        self._follow_epochs(epochs)
         return self._append([records], n, metas, num_records)
 
-    def _follow_epoch(self, epoch: int, base: int) -> None:
+    def _follow_epochs(self, epochs: list[tuple[int, int]]) -> None:
+        """Assign the batches' epochs to the cache; all checked before any is applied."""
         latest = self.epoch_cache.latest_entry()
-        if latest is not None and epoch < latest.epoch:
-            if latest.start_offset < base:
+        prev = (latest.epoch, latest.start_offset) if latest is not None else None
+        for epoch, base in epochs:
+            if prev is not None and (epoch < 0 or (epoch < prev[0] and prev[1] < base)):
                 raise StaleLeaderEpochError(f"{self.topic_partition}: batch epoch {epoch} at {base} is older "
-                                            f"than epoch {latest.epoch} started at {latest.start_offset}")
-            self.epoch_cache.truncate_from_end(base)  # an assignment with no data yet, superseded
-        self.epoch_cache.assign(epoch, base)
+                                            f"than epoch {prev[0]} started at {prev[1]}")
+            if epoch >= 0:
+                prev = (epoch, base)
+        for epoch, base in epochs:
+            if epoch < 0:
+                continue
+            latest = self.epoch_cache.latest_entry()
+            if latest is not None and epoch < latest.epoch:
+                self.epoch_cache.truncate_from_end(base)  # an assignment with no data yet, superseded
+            self.epoch_cache.assign(epoch, base)
 
     def _frame(self, records: bytes, pos: int, n: int) -> tuple[int, int, int, int]:
         """(size, last_offset_delta, max_timestamp, record_count) of the batch at ``pos``."""
