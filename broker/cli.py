@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,25 +32,32 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
 
 
 def _run_broker(args: argparse.Namespace) -> int:
-    from broker.process import BrokerOptions, DataDirError, parse_host_port, run
-    from cli.main import CliError
+    from broker.process import BrokerOptions, DataDirError, check_meta, parse_host_port, run
     from common.config import broker_config, parse_assignments
     from common.logging import configure
 
+    # Errors are printed here rather than raised as cli.main.CliError: under ``python -m cli.main`` that
+    # module runs as __main__, so its CliError class is not the one an import of cli.main would give us.
     if args.node_id < 0:
-        raise CliError(f"--node-id must be >= 0, got {args.node_id}")
+        return _fail(f"--node-id must be >= 0, got {args.node_id}")
     config = broker_config(parse_assignments(args.set))
     try:
         host, port = parse_host_port(args.listen, "--listen")
         parse_host_port(args.controller, "--controller")
         advertise = parse_host_port(args.advertise, "--advertise") if args.advertise else None
         opts = BrokerOptions(args.node_id, host, port, args.controller, args.data_dir, advertise, config)
+        check_meta(args.data_dir, args.node_id)  # refuse another node's data dir before anything starts
         configure("broker", args.node_id)
         return int(asyncio.run(run(opts)))
     except DataDirError as exc:
-        raise CliError(str(exc)) from None
+        return _fail(str(exc))
     except OSError as exc:
-        raise CliError(f"broker: {exc}") from None
+        return _fail(f"broker: {exc}")
+
+
+def _fail(message: str) -> int:
+    print(f"minibroker: error: {message}", file=sys.stderr)
+    return 2
 
 
 def _run_perf(args: argparse.Namespace) -> int:

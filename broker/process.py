@@ -119,6 +119,9 @@ class BrokerProcess:
         rm = ReplicaManager(o.node_id, o.config, self.clock, log_manager, MetadataCache(cluster_id),
                             BrokerMetrics())
         rm.fetcher = ReplicaFetcherManager(rm, o.config, self.clock)
+        # retention never deletes past the HW; the manager's periodic flush/retention/checkpoints run here
+        log_manager.high_watermarks = rm.high_watermarks
+        log_manager.start()
         self.rm = rm
         self._runner = web.AppRunner(build_app(rm), handle_signals=False, access_log=None, shutdown_timeout=5.0)
         await self._runner.setup()
@@ -149,7 +152,7 @@ class BrokerProcess:
             await self._runner.cleanup()
         if rm is not None:
             await rm.shutdown()
-        log.info("broker_stopped", broker_id=self.opts.node_id)
+            log.info("broker_stopped", broker_id=self.opts.node_id)
 
 
 async def run(opts: BrokerOptions) -> int:

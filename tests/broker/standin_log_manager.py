@@ -21,6 +21,10 @@ class StandinLogManager:
         self.config = config
         self.clock = clock
         self._logs: dict[TopicPartition, Log] = {}
+        self.high_watermarks: object = None
+
+    def start(self) -> None:
+        pass
 
     async def load(self) -> None:
         for d in sorted(self.data_dir.iterdir()):
