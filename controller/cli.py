@@ -62,7 +62,15 @@ def run(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     configure("controller", "controller")
-    return asyncio.run(serve(host, port, data_dir, config))
+    from cli.main import CliError
+    from controller.journal import JournalCorruptError
+
+    try:
+        return asyncio.run(serve(host, port, data_dir, config))
+    except JournalCorruptError as exc:
+        raise CliError(f"controller: {exc}") from None
+    except OSError as exc:
+        raise CliError(f"controller: {exc}") from None
 
 
 async def serve(host: str, port: int, data_dir: Path, config: Any) -> int:

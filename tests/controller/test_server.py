@@ -38,7 +38,8 @@ class Harness:
         self.address = ""
 
     async def start_controller(self) -> None:
-        self.controller = Controller(self.data_dir, controller_config(self.overrides), self.clock)
+        self.controller = Controller(self.data_dir, controller_config(self.overrides), self.clock,
+                                     stall_guard=False)
         self.runner = web.AppRunner(make_app(self.controller), access_log=None)
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", 0).start()
@@ -371,3 +372,12 @@ async def test_preferred_leader_timer_moves_leadership_back(tmp_path: Path) -> N
         assert 'reason="preferred"' in await _metrics(h)
     finally:
         await h.close()
+
+
+async def test_a_stalled_controller_forgives_the_silence(h: Harness) -> None:
+    await h.add_broker(1)
+    h.clock.advance(SESSION_MS + 1)
+    h.c.forgive_stall(SESSION_MS)  # the controller was not running for that long: not the broker's fault
+    assert await h.c.check_liveness() == []
+    h.clock.advance(SESSION_MS)
+    assert await h.c.check_liveness() == [1]
