@@ -210,7 +210,7 @@ class Bench:
 async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     controller = StubController()
     await controller.start()
-    sets = {"replica.fetch.wait.max.ms": 500, "replica.lag.time.max.ms": 30_000}
+    sets = {"replica.fetch.wait.max.ms": args.fetch_wait_ms, "replica.lag.time.max.ms": 30_000}
     brokers: dict[int, Broker] = {}
     try:
         for n in (1, 2, 3, 4):
@@ -295,9 +295,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-flight", type=int, default=6, help="produce requests in flight")
     parser.add_argument("--moves", type=int, default=10, help="leader moves in phase 3")
     parser.add_argument("--move-interval-s", type=float, default=0.5)
+    parser.add_argument("--fetch-wait-ms", type=int, default=500, help="replica.fetch.wait.max.ms")
+    parser.add_argument("--work-dir", type=Path, help="keep data dirs and broker logs here (default: a temp dir)")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="fetcher-bench-") as tmp:
-        result = asyncio.run(run(args, Path(tmp)))
+    if args.work_dir is not None:
+        args.work_dir.mkdir(parents=True, exist_ok=False)
+        result = asyncio.run(run(args, args.work_dir))
+    else:
+        with tempfile.TemporaryDirectory(prefix="fetcher-bench-") as tmp:
+            result = asyncio.run(run(args, Path(tmp)))
     print(json.dumps(result, indent=2))
     return 0
 

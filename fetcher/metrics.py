@@ -33,6 +33,7 @@ class FetcherStats:
     """Plain counters of one task (read by tests and the benchmark; not a wire contract)."""
 
     fetch_requests: int = 0
+    fetches_interrupted: int = 0
     epoch_requests: int = 0
     bytes_appended: int = 0
     appends: int = 0

@@ -36,6 +36,7 @@ from fetcher.endpoint import (
     FetchPartition,
     FetchPartitionData,
     FetchRequest,
+    FetchResponse,
     LeaderEndpoint,
     LeaderUnavailableError,
 )
@@ -55,6 +56,12 @@ from fetcher.state import (
 from storage.record_batch import InvalidBatchError, check_frame
 
 log = get_logger("fetcher")
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Consume the outcome of an abandoned request so it is never reported as unretrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 def check_batches(records: bytes) -> None:
@@ -118,6 +125,7 @@ class FetcherTask:
         self._added_ms: dict[TopicPartition, int] = {}  # until the first append after (re)adding
         self._backoff_until_ms = 0
         self._wakeup = asyncio.Event()
+        self._added = asyncio.Event()  # a partition was (re)added: interrupts a long-polling fetch
         self._task: asyncio.Task[None] | None = None
         self.stats = FetcherStats()
         self._metrics = TaskMetrics(partitions.broker_id, leader.broker.broker_id, fetcher_id)
@@ -135,6 +143,7 @@ class FetcherTask:
             self._added_ms[tp] = self._clock.monotonic_ms()
             self._log.info("fetcher_partition_added", topic=tp.topic, partition=tp.partition,
                            leader_epoch=initial.leader_epoch, offset=initial.fetch_offset)
+            self._added.set()
         self._wakeup.set()
 
     def _initial_state(self, tp: TopicPartition, initial: InitialFetchState) -> PartitionFetchState:
@@ -288,7 +297,9 @@ class FetcherTask:
             return 0
         self.stats.fetch_requests += 1
         self._metrics.requests.inc()
-        response = await self.leader.fetch(request)
+        response = await self._fetch_unless_added(request)
+        if response is None:
+            return 1  # interrupted: the next step truncates the new partition and fetches them all
         if response.error is not ErrorCode.NONE:
             # e.g. STALE_BROKER_EPOCH: nothing per partition can be trusted; back off the task.
             raise LeaderUnavailableError(f"fetch answered {response.error.name}")
@@ -307,6 +318,28 @@ class FetcherTask:
                 if current is not None:
                     self._park(tp, current, exc.__class__.__name__)
         return 1
+
+    async def _fetch_unless_added(self, request: FetchRequest) -> FetchResponse | None:
+        """The fetch, or None if a partition was added while it long-polled.
+
+        Kafka lets a new partition wait for the fetch in flight (up to replica.fetch.wait.max.ms);
+        we abandon that fetch instead: its answer was not applied, so nothing is lost, and the new
+        partition (a broker that just became follower) starts replicating one round trip later.
+        """
+        self._added.clear()
+        fetch = asyncio.ensure_future(self.leader.fetch(request))
+        added = asyncio.ensure_future(self._added.wait())
+        try:
+            await asyncio.wait({fetch, added}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            added.cancel()
+            if not fetch.done():
+                fetch.cancel()  # not awaited: a stop() cancelling us must not be swallowed
+                fetch.add_done_callback(_retrieve)
+        if not fetch.done() or fetch.cancelled():
+            self.stats.fetches_interrupted += 1
+            return None
+        return fetch.result()
 
     def _build_fetch(self) -> tuple[FetchRequest | None, dict[TopicPartition, PartitionFetchState]]:
         now = self._clock.monotonic_ms()

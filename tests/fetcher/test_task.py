@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -352,3 +353,31 @@ async def test_follows_leader_log_start_offset(setup: Setup) -> None:
     setup.leader.partitions[TP].high_watermark = ld.log_end_offset
     await setup.converge()
     assert f.log_start_offset == 6
+
+
+async def test_adding_a_partition_interrupts_a_long_polling_fetch(setup: Setup) -> None:
+    """A broker that just became follower does not wait for the fetch in flight (replica.fetch.wait.max.ms)."""
+    a, b = TopicPartition("t", 0), TopicPartition("t", 1)
+    la, lb, fa, fb = setup.log("la", a), setup.log("lb", b), setup.log("fa", a), setup.log("fb", b)
+    write(la, 0, 1, setup.clock)
+    setup.leader.lead(a, la, 0)
+    setup.start(a, fa, 0)
+    await setup.converge()
+    write(lb, 0, 2, setup.clock)
+    setup.leader.lead(b, lb, 0)
+
+    async def long_poll(api: str) -> None:
+        if api == "fetch" and b not in setup.leader.fetches[-1].partitions:
+            await asyncio.sleep(3600)  # a leader with nothing new for a: it would hold the fetch
+
+    setup.leader.hook = long_poll
+    step = asyncio.create_task(setup.task.do_work())
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert not step.done()
+    setup.start(b, fb, 0)
+    result = await asyncio.wait_for(step, 10)
+    assert result.fetch_requests == 1 and setup.task.stats.fetches_interrupted == 1
+    await setup.task.do_work()  # truncation round for b, then one fetch for both
+    assert_identical(fb, lb)
+    assert set(setup.leader.fetches[-1].partitions) == {a, b}
