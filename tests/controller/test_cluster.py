@@ -331,3 +331,28 @@ async def test_all_isr_dead_offline_or_unclean(cluster: Cluster) -> None:
         assert "minibroker_controller_offline_partitions 1.0" in metrics
     finally:
         await c.rpc.close()
+
+
+async def test_sigterm_moves_leadership_before_the_broker_exits(cluster: Cluster) -> None:
+    c = cluster
+    try:
+        await _start(c, 3)
+        await c.create("logs", 1, 3, {"min.insync.replicas": 2})
+        first = await c.wait_leading("logs")
+        values = [f"before-{i}".encode() for i in range(10)]
+        assert (await produce(c.rpc, c.address(first["leader"]), "logs", values))["error"] == 0
+        victim = first["leader"]
+        assert P.stop(c.brokers[victim]) == 0
+        assert c.controller is not None
+        moved = [e for e in c.controller.events("leader_elected")
+                 if e.get("topic") == "logs" and e["reason"] == "controlled_shutdown"]
+        assert moved and moved[0]["leader"] != victim, "leadership moved by the controlled shutdown"
+        status = await c.rpc.get_json(c.ctl, "/v1/status")
+        assert {b["node_id"]: b["fenced"] for b in status["brokers"]}[victim], "fenced once it led nothing"
+        after = await c.wait_leading("logs")
+        assert after["leader"] == moved[0]["leader"] and victim not in after["isr"]
+        r = await produce(c.rpc, c.address(after["leader"]), "logs", [b"after"])
+        assert r["error"] == 0, r
+        assert await read_all(c.rpc, c.address(after["leader"]), "logs") == [*values, b"after"]
+    finally:
+        await c.rpc.close()
