@@ -27,6 +27,7 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     b.add_argument("--records", type=int, default=1000, help="records per batch")
     b.add_argument("--record-size", type=int, default=100)
     b.add_argument("--concurrency", type=int, default=4, help="requests in flight")
+    b.add_argument("--rounds", type=int, default=3, help="alternating rounds (bare, broker) to print")
     b.add_argument("--data-dir", type=Path, default=None, help="broker data dir (default: a temp dir)")
     b.set_defaults(func=_run_perf)
 

@@ -122,6 +122,8 @@ def update_follower(state: PartitionState, *, broker_id: int, fetch_offset: int,
 
 def compute_high_watermark(state: PartitionState, leader_end_offset: int) -> int:
     """min LEO over the maximal ISR (leader included); never below the current HW."""
+    if not state.followers or (state.pending is None and len(state.isr) == 1):
+        return max(state.high_watermark, leader_end_offset)  # the leader alone is the ISR
     candidate = leader_end_offset
     members = state.maximal_isr
     for r in state.followers:

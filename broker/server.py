@@ -75,9 +75,12 @@ HANDLERS: dict[str, Handler] = {
 }
 
 
-def _endpoint(api: str, handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+def _endpoint(rm: ReplicaManager, api: str, handler: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    ok_count = rm.metrics.requests.labels(api, "200")
+    bad_count = rm.metrics.requests.labels(api, "400")
+    latency = rm.metrics.latency.labels(api)
+
     async def handle(request: web.Request) -> web.StreamResponse:
-        rm = request.app[RM_KEY]
         started = time.perf_counter()
         status = 200
         try:
@@ -94,8 +97,8 @@ def _endpoint(api: str, handler: Handler) -> Callable[[web.Request], Awaitable[w
             response = web.Response(body=encode({"error": int(ErrorCode.UNKNOWN_SERVER_ERROR),
                                                  "error_message": f"{type(exc).__name__}: {exc}"}),
                                     content_type=CONTENT_TYPE)
-        rm.metrics.requests.labels(api, str(status)).inc()
-        rm.metrics.latency.labels(api).observe(time.perf_counter() - started)
+        (ok_count if status == 200 else bad_count).inc()
+        latency.observe(time.perf_counter() - started)
         return response
     return handle
 
@@ -113,7 +116,7 @@ def build_app(rm: ReplicaManager) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[RM_KEY] = rm
     for api, handler in HANDLERS.items():
-        app.router.add_post(f"/v1/{api}", _endpoint(api, handler))
+        app.router.add_post(f"/v1/{api}", _endpoint(rm, api, handler))
     app.router.add_get("/v1/status", _status)
     app.router.add_get("/metrics", _metrics)
     rm.metrics.bind(rm.under_replicated_count, rm.offline_count, lambda: len(rm.produce_purgatory),
