@@ -111,7 +111,7 @@ async def run_demo(spec: cluster.ClusterSpec, records: int) -> int:
     print(f"  not acknowledged:        {len(failed)}")
     print(f"  consumed:                {len(values)}")
     print(f"  acknowledged but lost:   {len(missing)}")
-    print(f"  {TOPIC}-0 leader:          broker {old_leader} (epoch {old_epoch}) -> SIGKILL -> "
+    print(f"  {TOPIC + '-0 leader:':<25}broker {old_leader} (epoch {old_epoch}) -> SIGKILL -> "
           f"broker {new_leader} (epoch {new_epoch})")
     if missing:
         print(f"  first missing: {missing[:5]}")
