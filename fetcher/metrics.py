@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import Counter, Gauge
 
@@ -51,6 +52,7 @@ class TaskMetrics:
         self.requests = FETCH_REQUESTS.labels(*labels)
         self.bytes = FETCH_BYTES.labels(*labels)
         self.backoffs = FETCHER_BACKOFFS.labels(*labels)
+        self._lag: dict[TopicPartition, Any] = {}
 
     def error(self, error: str) -> None:
         FETCH_ERRORS.labels(*self._labels, error).inc()
@@ -59,8 +61,13 @@ class TaskMetrics:
         TRUNCATIONS.labels(self._broker, tp.topic, str(tp.partition), reason).inc()
 
     def lag(self, tp: TopicPartition, lag: int) -> None:
-        PARTITION_LAG.labels(self._broker, tp.topic, str(tp.partition)).set(lag)
+        gauge = self._lag.get(tp)
+        if gauge is None:
+            gauge = self._lag[tp] = PARTITION_LAG.labels(self._broker, tp.topic, str(tp.partition))
+        gauge.set(lag)
 
     def forget(self, tp: TopicPartition) -> None:
+        if self._lag.pop(tp, None) is None:
+            return
         with contextlib.suppress(KeyError):
             PARTITION_LAG.remove(self._broker, tp.topic, str(tp.partition))

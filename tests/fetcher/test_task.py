@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from common.clock import ManualClock
+from common.clock import ManualClock, SystemClock
 from common.errors import ErrorCode
 from common.wire import TopicPartition
 from fetcher.api import InitialFetchState
+from fetcher.endpoint import FetchRequest, FetchResponse
 from fetcher.state import FetchStatus
 from fetcher.task import FetcherConfig, FetcherTask
 from storage.log import Log
@@ -381,3 +383,110 @@ async def test_adding_a_partition_interrupts_a_long_polling_fetch(setup: Setup) 
     await setup.task.do_work()  # truncation round for b, then one fetch for both
     assert_identical(fb, lb)
     assert set(setup.leader.fetches[-1].partitions) == {a, b}
+
+
+class CorruptingLeader(FakeLeader):
+    """Flips one byte inside the records of every answer while ``corrupt`` is set."""
+
+    corrupt = True
+
+    async def fetch(self, request: FetchRequest) -> FetchResponse:
+        response = await super().fetch(request)
+        if not self.corrupt:
+            return response
+        parts = {}
+        for tp, data in response.partitions.items():
+            if data.records:
+                raw = bytearray(data.records)
+                raw[-1] ^= 0xFF
+                data = replace(data, records=bytes(raw))
+            parts[tp] = data
+        return FetchResponse(response.error, parts)
+
+
+async def test_corrupt_data_parks_the_partition_and_appends_nothing(tmp_path: Path, clock: ManualClock) -> None:
+    s = Setup(tmp_path, clock)
+    s.leader = CorruptingLeader()
+    s.task = FetcherTask(0, s.leader, s.follower, CONFIG, clock)
+    try:
+        f, ld = s.log("f"), s.log("l")
+        write(ld, 0, 2, clock)
+        s.leader.lead(TP, ld, 0)
+        s.start(TP, f, 0)
+        await s.task.do_work()
+        state = s.task.fetch_state(TP)
+        assert f.log_end_offset == 0 and state is not None and state.is_parked(clock.monotonic_ms())
+        assert s.task.stats.partition_errors == 1
+        s.leader.corrupt = False
+        clock.advance(CONFIG.backoff_ms)
+        await s.converge()
+        assert_identical(f, ld)
+    finally:
+        s.close()
+
+
+async def test_removed_while_epoch_request_in_flight_is_not_truncated(setup: Setup) -> None:
+    f, ld = setup.log("f"), setup.log("l")
+    write(ld, 0, 1, setup.clock)
+    f.append_as_follower(log_bytes(ld))
+    write(f, 0, 2, setup.clock)  # a tail the leader does not have
+    write(ld, 1, 1, setup.clock)
+    setup.leader.lead(TP, ld, 1)
+    setup.start(TP, f, 1)
+
+    async def removed(api: str) -> None:
+        if api == "offsets_for_leader_epoch":
+            setup.task.remove_partitions([TP])
+
+    setup.leader.hook = removed
+    end = f.log_end_offset
+    await setup.task.do_work()
+    assert f.log_end_offset == end and setup.follower.truncations == []
+    assert setup.leader.fetches == []
+
+
+class FailingFollower(LocalFollower):
+    fail = True
+
+    def on_follower_appended(self, tp: TopicPartition, leader_high_watermark: int,
+                             leader_log_start_offset: int) -> None:
+        if self.fail:
+            raise RuntimeError("broker-side bookkeeping failed")
+        super().on_follower_appended(tp, leader_high_watermark, leader_log_start_offset)
+
+
+async def test_run_loop_survives_a_failing_partition(tmp_path: Path) -> None:
+    """Nothing but removal ends the task: the failing partition is parked, the other one goes on."""
+    clock = SystemClock()
+    leader, follower = FakeLeader(), FailingFollower()
+    task = FetcherTask(0, leader, follower, FetcherConfig(wait_max_ms=0, backoff_ms=20), clock)
+    a, b = TopicPartition("t", 0), TopicPartition("t", 1)
+    logs = [open_log(tmp_path, n, ManualClock(), tp) for n, tp in (("la", a), ("lb", b), ("fa", a), ("fb", b))]
+    la, lb, fa, fb = logs
+    try:
+        write(la, 0, 2, ManualClock())
+        write(lb, 0, 2, ManualClock())
+        leader.lead(a, la, 0)
+        leader.lead(b, lb, 0)
+        follower.follow(a, fa, 0)
+        follower.follow(b, fb, 0)
+        task.add_partitions({tp: InitialFetchState(leader.broker, 0, 0) for tp in (a, b)})
+        task.start()
+        for _ in range(200):
+            if task.stats.partition_errors >= 2:
+                break
+            await asyncio.sleep(0.01)
+        assert task.running and task.stats.partition_errors >= 2
+        follower.fail = False
+        for _ in range(500):
+            if fa.log_end_offset == la.log_end_offset and fb.log_end_offset == lb.log_end_offset:
+                break
+            await asyncio.sleep(0.01)
+        assert_identical(fa, la)
+        assert_identical(fb, lb)
+        assert task.running
+    finally:
+        await task.stop()
+        for log in logs:
+            log.close()
+    assert not task.running and leader.closed
