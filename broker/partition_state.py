@@ -83,12 +83,14 @@ class PartitionState:
 def become_leader(state: PartitionState, *, leader_epoch: int, partition_epoch: int, isr: tuple[int, ...],
                   replicas: tuple[int, ...], leader_end_offset: int, high_watermark: int,
                   now_ms: int) -> PartitionState:
-    """Kafka ``makeLeader``: fresh follower states; ISR members count as caught up now."""
+    """Kafka ``makeLeader``: fresh follower states (ISR members count as caught up now) on a new
+    leader epoch; an ISR-only update (same leader epoch) keeps what the leader knows of its followers."""
+    epoch_changed = leader_epoch != state.leader_epoch or state.role is not Role.LEADER
+    known = {} if epoch_changed else {r.broker_id: r for r in state.followers}
     followers = tuple(
-        ReplicaState(broker_id=b, last_caught_up_ms=now_ms if b in isr else -1)
+        known.get(b) or ReplicaState(broker_id=b, last_caught_up_ms=now_ms if b in isr else -1)
         for b in replicas if b != state.broker_id
     )
-    epoch_changed = leader_epoch != state.leader_epoch or state.role is not Role.LEADER
     start = leader_end_offset if epoch_changed else state.leader_epoch_start_offset
     return replace(state, role=Role.LEADER, leader=state.broker_id, leader_epoch=leader_epoch,
                    partition_epoch=partition_epoch, isr=isr, replicas=replicas,
