@@ -89,8 +89,9 @@ async def serve(host: str, port: int, data_dir: Path, config: Any) -> int:
     await site.start()
     bound = runner.addresses[0]
     address = f"{host}:{bound[1]}"
-    write_atomically(data_dir / "endpoint", address)
+    # pid first: the endpoint file is what waiters poll for, so everything else is in place when it appears
     write_atomically(data_dir / "pid", str(os.getpid()))
+    write_atomically(data_dir / "endpoint", address)
     log.info("controller_listening", address=address, controller_epoch=controller.image.controller_epoch)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
