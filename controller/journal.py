@@ -97,7 +97,10 @@ class Journal:
         self.offset = offset  # offset of the last frame written or covered by the snapshot
         self.records_since_snapshot = records_since_snapshot
         self.truncated_bytes = 0
+        created = not (data_dir / JOURNAL_NAME).exists()
         self._file = open(data_dir / JOURNAL_NAME, "ab")  # noqa: SIM115 - held open for the process lifetime
+        if created:  # the new file's directory entry must be durable before a frame in it is acknowledged
+            _fsync_dir(data_dir)
 
     @classmethod
     def open(cls, data_dir: Path) -> tuple[Journal, MetadataImage]:
