@@ -204,7 +204,8 @@ class Log:
         first = self.segments[0].base_offset
         self.log_start_offset = min(max(log_start_offset if log_start_offset is not None else first, first),
                                     self.log_end_offset)
-        self.epoch_cache.truncate_from_end(self.log_end_offset)
+        # Entries past the LEO describe lost data; one AT the LEO is a leader's assignment with no data yet.
+        self.epoch_cache.truncate_from_end(self.log_end_offset + 1)
         self.epoch_cache.truncate_from_start(self.log_start_offset)
         self.recovery_point = self.log_end_offset
         self._log.info("log_opened", log_start_offset=self.log_start_offset, offset=self.log_end_offset,
@@ -490,6 +491,10 @@ class Log:
             self.segments[-1].truncate_to(offset)
         except OSError as exc:
             self._fail(exc)
+        if self.segments[-1].next_offset < self.log_start_offset:
+            # the batch holding ``offset`` began below the log start: nothing readable is left
+            self.truncate_fully_and_start_at(offset)
+            return True
         self._after_truncation(self.segments[-1].next_offset)
         self._log.info("log_truncated", offset=self.log_end_offset, previous_offset=old_leo,
                        leader_epoch=self.epoch_cache.latest_epoch())

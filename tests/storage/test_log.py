@@ -341,3 +341,36 @@ def test_delete(pdir: Path) -> None:
     log.append_as_leader(batch(), 0)
     log.delete()
     assert not pdir.exists()
+
+
+def test_truncate_into_a_batch_that_starts_below_log_start(pdir: Path) -> None:
+    log = open_log(pdir)
+    log.append_as_leader(batch(2), 0)
+    log.maybe_increment_log_start_offset(1)
+    assert log.truncate_to(1)
+    assert (log.log_start_offset, log.log_end_offset) == (1, 1)
+    log.close()
+
+
+def test_epoch_assigned_at_leo_survives_reopen(pdir: Path) -> None:
+    log = open_log(pdir)
+    log.append_as_leader(batch(2), 0)
+    log.maybe_assign_epoch_start_offset(4, log.log_end_offset)
+    log.close()
+    log = open_log(pdir)
+    assert log.end_offset_for_epoch(0) == (0, 2) and log.latest_epoch() == 4
+    log.close()
+
+
+def test_follower_epoch_rules(pdir: Path) -> None:
+    log = open_log(pdir)
+    log.append_as_follower(batch(2, epoch=3))
+    log.maybe_assign_epoch_start_offset(5, 2)  # became leader, wrote nothing, then follower again
+    log.append_as_follower(batch(1, base_offset=2, epoch=4))  # the new leader's epoch-4 data supersedes it
+    assert [(e.epoch, e.start_offset) for e in log.epoch_cache.entries()] == [(3, 0), (4, 2)]
+    with pytest.raises(StaleLeaderEpochError):
+        log.append_as_follower(batch(1, base_offset=3, epoch=3))
+    with pytest.raises(StaleLeaderEpochError):
+        log.append_as_follower(batch(1, base_offset=3, epoch=-1))
+    assert log.log_end_offset == 3
+    log.close()
