@@ -134,6 +134,15 @@ async def _drive(address: str, body: bytes, requests: int, concurrency: int) -> 
         return time.perf_counter() - start, errors
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc); NaN elsewhere. Robust to other load on the machine."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
 def _produce_body(records: int, record_size: int) -> bytes:
     from storage.record_batch import build_batch
 
@@ -160,11 +169,13 @@ async def _perf(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
             async with s.post(f"http://{broker_addr}/v1/leader_and_isr", data=encode(lai)) as resp:
                 assert decode(await resp.read())["error"] == 0
         for rnd in range(1, args.rounds + 1):  # alternate targets so background load hits both alike
-            for name, addr in (("bare aiohttp", bare_addr), ("broker", broker_addr)):
+            for name, addr, pid in (("bare aiohttp", bare_addr, bare.pid), ("broker", broker_addr, broker.pid)):
+                cpu0 = _cpu_seconds(pid)
                 seconds, errors = await _drive(addr, body, args.requests, args.concurrency)
+                cpu_us = (_cpu_seconds(pid) - cpu0) / args.requests * 1e6
                 rows.append({"round": rnd, "target": name, "seconds": seconds, "errors": errors,
                              "req_s": args.requests / seconds, "records_s": args.requests * args.records / seconds,
-                             "mb_s": args.requests * len(body) / seconds / 1e6})
+                             "mb_s": args.requests * len(body) / seconds / 1e6, "cpu_us": cpu_us})
     finally:
         _stop(broker)
         _stop(bare)
@@ -178,13 +189,17 @@ def run_perf(args: argparse.Namespace) -> int:
         rows = asyncio.run(_perf(args, Path(work)))
     print(f"produce: 1 partition, acks=1, {args.requests} requests of {args.records} x {args.record_size} B "
           f"records, {args.concurrency} in flight, cpus={os.cpu_count()}")
-    print(f"{'round':<7}{'target':<14}{'req/s':>10}{'records/s':>14}{'MB/s':>10}{'errors':>8}")
+    print(f"{'round':<7}{'target':<14}{'req/s':>10}{'records/s':>14}{'MB/s':>10}{'server CPU us/req':>19}"
+          f"{'errors':>8}")
     for r in rows:
         print(f"{r['round']:<7}{r['target']:<14}{r['req_s']:>10.0f}{r['records_s']:>14.0f}{r['mb_s']:>10.1f}"
-              f"{r['errors']:>8}")
+              f"{r['cpu_us']:>19.0f}{r['errors']:>8}")
     ratios = sorted(rows[i + 1]["req_s"] / rows[i]["req_s"] for i in range(0, len(rows), 2))
+    cpu = sorted(rows[i]["cpu_us"] / rows[i + 1]["cpu_us"] for i in range(0, len(rows), 2))
     print(f"broker / bare request rate per round: {', '.join(f'{x:.2f}' for x in ratios)}; "
           f"median {ratios[len(ratios) // 2]:.2f}")
+    print(f"bare / broker server CPU per request (rate ratio if CPU-bound and alone): "
+          f"{', '.join(f'{x:.2f}' for x in cpu)}; median {cpu[len(cpu) // 2]:.2f}")
     return 0
 
 
