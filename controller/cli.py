@@ -97,7 +97,11 @@ async def serve(host: str, port: int, data_dir: Path, config: Any) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("controller_stopping")
+    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(controller.fatal.wait())]
+    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    for w in waiters:
+        w.cancel()
+    status = 1 if controller.fatal.is_set() else 0
+    log.info("controller_stopping", exit_status=status)
     await runner.cleanup()
-    return 0
+    return status

@@ -27,7 +27,7 @@ from common.errors import ErrorCode
 from common.logging import get_logger
 from common.wire import TopicPartition
 from controller import ops
-from controller.journal import Journal
+from controller.journal import Journal, JournalBrokenError
 from controller.propagator import Propagator, Transport
 from controller.rules import ElectionReason, expired_brokers
 from controller.state import NO_LEADER, ControllerEpochRecord, MetadataImage, RemoveTopicRecord, TopicRecord
@@ -71,6 +71,7 @@ class Controller:
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._stall_guard = stall_guard  # off in tests that move a ManualClock by hand
+        self.fatal = asyncio.Event()  # set when the controller cannot go on (journal write failed)
 
     # --- configuration shortcuts ---
 
@@ -132,7 +133,12 @@ class Controller:
         assert journal is not None, "controller not started"
         old_image_topics = set(self.image.topics)
         old_partitions = dict(self.image.partitions)
-        await asyncio.to_thread(journal.append, plan.records)
+        try:
+            await asyncio.to_thread(journal.append, plan.records)
+        except JournalBrokenError:
+            log.critical("journal_failed", journal_offset=journal.offset, error=journal.broken)
+            self.fatal.set()  # the process exits; a restart replays what was acknowledged
+            raise
         for rec in plan.records:
             self.image.apply(rec)
         self.metrics.journal_records.inc(len(plan.records))

@@ -43,6 +43,10 @@ class JournalCorruptError(Exception):
     """A snapshot that fails its checksum: the data dir is damaged, not torn by a crash."""
 
 
+class JournalBrokenError(Exception):
+    """A write or fsync failed; nothing more is appended (and so nothing more acknowledged)."""
+
+
 def encode_frame(payload: dict[str, Any]) -> bytes:
     body = encode(payload)
     return _FRAME.pack(len(body), zlib.crc32(body)) + body
@@ -97,8 +101,10 @@ class Journal:
         self.offset = offset  # offset of the last frame written or covered by the snapshot
         self.records_since_snapshot = records_since_snapshot
         self.truncated_bytes = 0
+        self.broken: str | None = None
         created = not (data_dir / JOURNAL_NAME).exists()
-        self._file = open(data_dir / JOURNAL_NAME, "ab")  # noqa: SIM115 - held open for the process lifetime
+        # unbuffered: a failed write leaves nothing behind in a buffer that a later close could flush
+        self._file = open(data_dir / JOURNAL_NAME, "ab", buffering=0)  # noqa: SIM115 - held for the process lifetime
         if created:  # the new file's directory entry must be durable before a frame in it is acknowledged
             _fsync_dir(data_dir)
 
@@ -129,12 +135,27 @@ class Journal:
         return journal, image
 
     def append(self, records: Sequence[Record]) -> int:
-        """Write one frame holding ``records`` and fsync; returns its offset."""
+        """Write one frame holding ``records`` and fsync; returns its offset.
+
+        A failed write or fsync leaves the journal refusing every later append: a torn frame
+        followed by good ones would hide those from replay, and after a failed fsync the page
+        cache cannot be trusted (PostgreSQL's lesson). The process must be restarted to replay.
+        """
+        if self.broken is not None:
+            raise JournalBrokenError(f"journal unusable since an earlier failure: {self.broken}")
         offset = self.offset + 1
         frame = encode_frame({"offset": offset, "records": [record_to_dict(r) for r in records]})
-        self._file.write(frame)
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        try:
+            view = memoryview(frame)
+            while view:
+                written = self._file.write(view)
+                if not written:
+                    raise OSError("journal write made no progress")
+                view = view[written:]
+            os.fsync(self._file.fileno())
+        except OSError as exc:
+            self.broken = f"{exc.__class__.__name__}: {exc}"
+            raise JournalBrokenError(f"journal append failed: {self.broken}") from exc
         self.offset = offset
         self.records_since_snapshot += len(records)
         return offset
@@ -145,7 +166,7 @@ class Journal:
                           encode_frame({"offset": self.offset, "image": image.to_snapshot()}))
         self._file.close()
         _write_atomically(self.data_dir / JOURNAL_NAME, b"")
-        self._file = open(self.data_dir / JOURNAL_NAME, "ab")  # noqa: SIM115
+        self._file = open(self.data_dir / JOURNAL_NAME, "ab", buffering=0)  # noqa: SIM115
         self.records_since_snapshot = 0
 
     def close(self) -> None:

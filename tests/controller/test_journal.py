@@ -186,3 +186,23 @@ def test_any_crash_point_replays_a_prefix(tmp_path_factory: pytest.TempPathFacto
     first = snap_at if snap_at < len(OPS) else 0  # snap_at == len(OPS): no snapshot was taken
     prefixes = [image_of(OPS[:k]) for k in range(first, len(OPS) + 1)]
     assert replayed in prefixes
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_failed_write_refuses_every_later_append(tmp_path: Path) -> None:
+    from controller.journal import JournalBrokenError
+
+    journal, _image = Journal.open(tmp_path)
+    journal.append(OPS[0])
+    good = journal._file
+    journal._file = open("/dev/full", "ab", buffering=0)  # noqa: SIM115 - a full disk (ENOSPC on write)
+    try:
+        with pytest.raises(JournalBrokenError):
+            journal.append(OPS[1])
+        journal._file.close()
+        journal._file = good
+        with pytest.raises(JournalBrokenError):
+            journal.append(OPS[2])  # the disk came back, but the journal does not trust itself any more
+    finally:
+        journal.close()
+    assert replay(tmp_path) == image_of(OPS[:1])

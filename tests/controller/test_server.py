@@ -381,3 +381,23 @@ async def test_a_stalled_controller_forgives_the_silence(h: Harness) -> None:
     assert await h.c.check_liveness() == []
     h.clock.advance(SESSION_MS)
     assert await h.c.check_liveness() == [1]
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+async def test_a_journal_failure_is_fatal_and_acknowledges_nothing(h: Harness) -> None:
+    await h.add_broker(1)
+    journal = h.c._journal
+    assert journal is not None
+    good = journal._file
+    journal._file = open("/dev/full", "ab", buffering=0)  # noqa: SIM115 - a full disk
+    try:
+        resp = await h.call("create_topics", {"topics": [{"name": "t", "num_partitions": 1,
+                                                          "replication_factor": 1, "configs": {}}]})
+        assert resp["error"] == ErrorCode.UNKNOWN_SERVER_ERROR and "journal" in resp["error_message"]
+        assert h.c.fatal.is_set() and "t" not in h.c.image.topics
+    finally:
+        journal._file.close()
+        journal._file = good
+    await h.stop_controller()
+    await h.start_controller()
+    assert (await h.call("metadata", {"topics": None}))["topics"] == []
