@@ -7,8 +7,8 @@ the controller (LeaderAndIsr by hand, AlterPartition accepted as asked):
 2. replicated: 3 brokers, RF=3, acks=all, min.insync.replicas=2;
 
 both with batches of 1000 x 100-byte records, the same partitions and the same
-number of requests in flight. The replication ratio is (2) / (1) in records/s
-(Kafka's published ratio for synchronous 3x replication is 0.51).
+number of requests in flight, in alternating rounds (so background load hits
+both). The replication ratio is (2) / (1) in records/s (Kafka's published ratio for synchronous 3x replication is 0.51).
 
 3. leader moves while producing: after each LeaderAndIsr that turns the old
    leader into a follower, that broker logs ``follower_first_append`` with the
@@ -143,6 +143,28 @@ def stop_broker(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
+async def fetch_requests(session: aiohttp.ClientSession, brokers: dict[int, Broker]) -> float:
+    """Fetch requests answered by every broker so far (only followers fetch in this benchmark)."""
+    total = 0.0
+    for b in brokers.values():
+        async with session.get(f"http://{b.address}/metrics") as resp:
+            for line in (await resp.text()).splitlines():
+                if line.startswith("minibroker_requests_total{") and 'api="fetch"' in line:
+                    total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def cpu_seconds(brokers: dict[int, Broker]) -> float:
+    """User + system CPU time of every broker process so far (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for b in brokers.values():
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{b.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 class Bench:
     def __init__(self, session: aiohttp.ClientSession, controller: StubController,
                  brokers: dict[int, Broker]) -> None:
@@ -223,15 +245,30 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             await asyncio.sleep(1.0)  # followers start fetching
             await bench.produce("single", args.partitions, 10, 1, args.in_flight)  # warm-up
             await bench.produce("replicated", args.partitions, 10, -1, args.in_flight)
-            single_s = await bench.produce("single", args.partitions, args.batches, 1, args.in_flight)
-            repl_s = await bench.produce("replicated", args.partitions, args.batches, -1, args.in_flight)
+            # Rounds alternate the two setups so that drifting background load (a shared 2-core
+            # machine) weighs on both alike.
+            single_s = repl_s = 0.0
+            single_cpu = repl_cpu = 0.0
+            per_round = max(1, args.batches // args.rounds)
+            for _ in range(args.rounds):
+                before = cpu_seconds(brokers)
+                single_s += await bench.produce("single", args.partitions, per_round, 1, args.in_flight)
+                middle = cpu_seconds(brokers)
+                repl_s += await bench.produce("replicated", args.partitions, per_round, -1, args.in_flight)
+                after = cpu_seconds(brokers)
+                single_cpu += middle - before
+                repl_cpu += after - middle
+            fetches = await fetch_requests(session, brokers)
             moves = await leader_moves(bench, args)
-        records = args.batches * PER_BATCH
+        records = max(1, args.batches // args.rounds) * args.rounds * PER_BATCH
         result = {
             "records_per_phase": records,
             "single_rf1_acks1_records_per_s": round(records / single_s),
             "replicated_rf3_acksall_records_per_s": round(records / repl_s),
             "replication_ratio": round(single_s / repl_s, 3),
+            "single_broker_cpu_ms_per_batch": round(single_cpu * 1000 / (records / PER_BATCH), 2),
+            "replicated_brokers_cpu_ms_per_batch": round(repl_cpu * 1000 / (records / PER_BATCH), 2),
+            "follower_fetches_per_replicated_batch": round(fetches / ((args.rounds * per_round + 10) * 2), 2),
             "single_mb_per_s": round(records * VALUE_BYTES / single_s / 1e6, 1),
             "replicated_mb_per_s": round(records * VALUE_BYTES / repl_s / 1e6, 1),
             **moves,
@@ -291,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fetcher.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, default=200, help="batches per phase (1000 records each)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating single/replicated rounds")
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--in-flight", type=int, default=6, help="produce requests in flight")
     parser.add_argument("--moves", type=int, default=10, help="leader moves in phase 3")

@@ -15,6 +15,8 @@ import asyncio
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 
+from prometheus_client import CollectorRegistry
+
 from common.clock import Clock
 from common.config import Config
 from common.logging import get_logger
@@ -36,7 +38,10 @@ def fetcher_id_for(tp: TopicPartition, num_fetchers: int) -> int:
 class ReplicaFetcherManager:
     def __init__(self, partitions: FollowerPartitions, config: Config, clock: Clock, *,
                  endpoint_factory: Callable[[BrokerEndpoint], LeaderEndpoint] | None = None,
-                 fetcher_config: FetcherConfig | None = None) -> None:
+                 fetcher_config: FetcherConfig | None = None,
+                 registry: CollectorRegistry | None = None) -> None:
+        """``registry``: where the fetcher's Prometheus series go (default: prometheus_client's global one;
+        a broker passes its own so that its /metrics shows them)."""
         self._partitions = partitions
         self._clock = clock
         self._config = fetcher_config or FetcherConfig.from_config(config)
@@ -45,6 +50,7 @@ class ReplicaFetcherManager:
         self._tasks: dict[FetcherKey, FetcherTask] = {}
         self._owner: dict[TopicPartition, FetcherKey] = {}
         self._stopping: set[asyncio.Task[None]] = set()
+        self._registry = registry
 
     def fetcher_id(self, tp: TopicPartition) -> int:
         return fetcher_id_for(tp, self._config.num_fetchers)
@@ -71,7 +77,7 @@ class ReplicaFetcherManager:
                 task = None
             if task is None:
                 task = FetcherTask(key[1], self._endpoint_factory(leader), self._partitions, self._config,
-                                   self._clock)
+                                   self._clock, registry=self._registry)
                 self._tasks[key] = task
             task.add_partitions(group)
             for tp in group:

@@ -1,8 +1,10 @@
-"""Fetcher metrics: Prometheus series (default registry) plus plain counters tests and benchmarks read.
+"""Fetcher metrics: Prometheus series plus plain counters tests and benchmarks read.
 
-Series are labelled by the local ``broker_id`` (several brokers may share a test
-process) and the ``leader`` / ``fetcher`` of a task; per-partition series are
-removed when the partition leaves the fetcher so they do not leak.
+Series live in the registry the manager is given (the broker's own registry, so
+several brokers can share a test process), else in prometheus_client's default
+one. They are labelled by the local ``broker_id`` and the ``leader`` / ``fetcher``
+of a task; per-partition series are removed when the partition leaves the
+fetcher so they do not leak.
 """
 
 from __future__ import annotations
@@ -11,22 +13,38 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 from common.wire import TopicPartition
 
-FETCH_REQUESTS = Counter("minibroker_fetcher_requests", "Fetch requests sent by replica fetchers",
-                         ["broker_id", "leader", "fetcher"])
-FETCH_BYTES = Counter("minibroker_fetcher_bytes", "Record bytes appended by replica fetchers",
-                      ["broker_id", "leader", "fetcher"])
-FETCH_ERRORS = Counter("minibroker_fetcher_partition_errors", "Partitions parked after an error",
-                       ["broker_id", "leader", "fetcher", "error"])
-FETCHER_BACKOFFS = Counter("minibroker_fetcher_backoffs", "Whole-task backoffs (leader unreachable)",
-                           ["broker_id", "leader", "fetcher"])
-TRUNCATIONS = Counter("minibroker_fetcher_truncations", "Follower log truncations",
-                      ["broker_id", "topic", "partition", "reason"])
-PARTITION_LAG = Gauge("minibroker_fetcher_partition_lag", "Leader HW minus the follower fetch offset",
-                      ["broker_id", "topic", "partition"])
+
+class FetcherMetrics:
+    """The fetcher's series in one registry (created once per registry)."""
+
+    _by_registry: dict[int, FetcherMetrics] = {}
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.requests = Counter("minibroker_fetcher_requests", "Fetch requests sent by replica fetchers",
+                                ["broker_id", "leader", "fetcher"], registry=r)
+        self.bytes = Counter("minibroker_fetcher_bytes", "Record bytes appended by replica fetchers",
+                             ["broker_id", "leader", "fetcher"], registry=r)
+        self.errors = Counter("minibroker_fetcher_partition_errors", "Partitions parked after an error",
+                              ["broker_id", "leader", "fetcher", "error"], registry=r)
+        self.backoffs = Counter("minibroker_fetcher_backoffs", "Whole-task backoffs (leader unreachable)",
+                                ["broker_id", "leader", "fetcher"], registry=r)
+        self.truncations = Counter("minibroker_fetcher_truncations", "Follower log truncations",
+                                   ["broker_id", "topic", "partition", "reason"], registry=r)
+        self.lag = Gauge("minibroker_fetcher_partition_lag", "Leader HW minus the follower fetch offset",
+                         ["broker_id", "topic", "partition"], registry=r)
+
+    @classmethod
+    def of(cls, registry: CollectorRegistry | None) -> FetcherMetrics:
+        registry = registry if registry is not None else REGISTRY
+        found = cls._by_registry.get(id(registry))
+        if found is None:
+            found = cls._by_registry[id(registry)] = cls(registry)
+        return found
 
 
 @dataclass(slots=True)
@@ -45,29 +63,31 @@ class FetcherStats:
 
 
 class TaskMetrics:
-    def __init__(self, broker_id: int, leader_id: int, fetcher_id: int) -> None:
+    def __init__(self, broker_id: int, leader_id: int, fetcher_id: int,
+                 registry: CollectorRegistry | None = None) -> None:
+        self._m = FetcherMetrics.of(registry)
         self._broker = str(broker_id)
         labels = (self._broker, str(leader_id), str(fetcher_id))
         self._labels = labels
-        self.requests = FETCH_REQUESTS.labels(*labels)
-        self.bytes = FETCH_BYTES.labels(*labels)
-        self.backoffs = FETCHER_BACKOFFS.labels(*labels)
+        self.requests = self._m.requests.labels(*labels)
+        self.bytes = self._m.bytes.labels(*labels)
+        self.backoffs = self._m.backoffs.labels(*labels)
         self._lag: dict[TopicPartition, Any] = {}
 
     def error(self, error: str) -> None:
-        FETCH_ERRORS.labels(*self._labels, error).inc()
+        self._m.errors.labels(*self._labels, error).inc()
 
     def truncation(self, tp: TopicPartition, reason: str) -> None:
-        TRUNCATIONS.labels(self._broker, tp.topic, str(tp.partition), reason).inc()
+        self._m.truncations.labels(self._broker, tp.topic, str(tp.partition), reason).inc()
 
     def lag(self, tp: TopicPartition, lag: int) -> None:
         gauge = self._lag.get(tp)
         if gauge is None:
-            gauge = self._lag[tp] = PARTITION_LAG.labels(self._broker, tp.topic, str(tp.partition))
+            gauge = self._lag[tp] = self._m.lag.labels(self._broker, tp.topic, str(tp.partition))
         gauge.set(lag)
 
     def forget(self, tp: TopicPartition) -> None:
         if self._lag.pop(tp, None) is None:
             return
         with contextlib.suppress(KeyError):
-            PARTITION_LAG.remove(self._broker, tp.topic, str(tp.partition))
+            self._m.lag.remove(self._broker, tp.topic, str(tp.partition))

@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from common.clock import Clock
 from common.config import Config
 from common.errors import ErrorCode
@@ -114,7 +116,7 @@ class WorkResult:
 
 class FetcherTask:
     def __init__(self, fetcher_id: int, leader: LeaderEndpoint, partitions: FollowerPartitions,
-                 config: FetcherConfig, clock: Clock) -> None:
+                 config: FetcherConfig, clock: Clock, *, registry: CollectorRegistry | None = None) -> None:
         self.fetcher_id = fetcher_id
         self.leader = leader
         self._partitions = partitions
@@ -128,7 +130,7 @@ class FetcherTask:
         self._added = asyncio.Event()  # a partition was (re)added: interrupts a long-polling fetch
         self._task: asyncio.Task[None] | None = None
         self.stats = FetcherStats()
-        self._metrics = TaskMetrics(partitions.broker_id, leader.broker.broker_id, fetcher_id)
+        self._metrics = TaskMetrics(partitions.broker_id, leader.broker.broker_id, fetcher_id, registry)
         self._log = log.bind(broker_id=partitions.broker_id, leader=leader.broker.broker_id, fetcher_id=fetcher_id)
 
     # --- partitions -------------------------------------------------------------------------
@@ -200,13 +202,13 @@ class FetcherTask:
             return None
         return self._partitions.follower_log(tp, sent.current_leader_epoch)
 
-    def _park(self, tp: TopicPartition, state: PartitionFetchState, error: str) -> None:
+    def _park(self, tp: TopicPartition, state: PartitionFetchState, error: str, detail: str = "") -> None:
         self._states.update_and_move_to_end(tp, state.parked(self._clock.monotonic_ms() + self._config.backoff_ms))
         self.stats.partition_errors += 1
         self._metrics.error(error)
         self._log.warning("fetcher_partition_parked", topic=tp.topic, partition=tp.partition,
                           leader_epoch=state.current_leader_epoch, offset=state.fetch_offset, error=error,
-                          backoff_ms=self._config.backoff_ms)
+                          detail=detail or None, backoff_ms=self._config.backoff_ms)
 
     def _high_watermark(self, tp: TopicPartition) -> int | None:
         getter = getattr(self._partitions, "follower_high_watermark", None)
@@ -316,7 +318,7 @@ class FetcherTask:
                                     leader_epoch=state.current_leader_epoch, offset=state.fetch_offset)
                 current = self._states.get(tp)
                 if current is not None:
-                    self._park(tp, current, exc.__class__.__name__)
+                    self._park(tp, current, exc.__class__.__name__, str(exc))
         return 1
 
     async def _fetch_unless_added(self, request: FetchRequest) -> FetchResponse | None:
@@ -391,7 +393,7 @@ class FetcherTask:
                 check_batches(data.records)
             except InvalidBatchError as exc:
                 # Kafka's follower checks each batch's CRC too: never append bytes that are not the leader's.
-                self._park(tp, state, f"{exc.code.name}:{exc}")
+                self._park(tp, state, exc.code.name, str(exc))
                 return
             local.append_as_follower(data.records)
             self.stats.appends += 1
