@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from common.clock import ManualClock, SystemClock
 from common.errors import ErrorCode
@@ -490,3 +491,24 @@ async def test_run_loop_survives_a_failing_partition(tmp_path: Path) -> None:
         for log in logs:
             log.close()
     assert not task.running and leader.closed
+
+
+async def test_metrics_in_the_given_registry(tmp_path: Path, clock: ManualClock) -> None:
+    registry = CollectorRegistry()
+    s = Setup(tmp_path, clock)
+    s.task = FetcherTask(0, s.leader, s.follower, CONFIG, clock, registry=registry)
+    try:
+        f, ld = s.log("f"), s.log("l")
+        write(ld, 0, 2, clock)
+        s.leader.lead(TP, ld, 0)
+        s.start(TP, f, 0)
+        await s.converge()
+        labels = {"broker_id": "2", "leader": "1", "fetcher": "0"}
+        assert (registry.get_sample_value("minibroker_fetcher_requests_total", labels) or 0) >= 1
+        assert registry.get_sample_value("minibroker_fetcher_bytes_total", labels) == len(log_bytes(ld))
+        lag = {"broker_id": "2", "topic": "t", "partition": "0"}
+        assert registry.get_sample_value("minibroker_fetcher_partition_lag", lag) == 0
+        s.task.remove_partitions([TP])
+        assert registry.get_sample_value("minibroker_fetcher_partition_lag", lag) is None
+    finally:
+        s.close()
