@@ -459,7 +459,12 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_down(args: argparse.Namespace) -> int:
     spec = load(_data_dir(args))
-    # brokers first (controlled shutdown needs the controller), then the controller
+    # Brokers first (their controlled shutdown needs the controller), then the controller, as Kafka's docs
+    # advise. When every broker stops at once leadership has nowhere to go, so a broker may wait out
+    # controlled.shutdown.max.wait.ms (30 s) before exiting: the default --timeout leaves room for that.
+    if any(is_running(m) for m in spec.brokers):
+        print(f"stopping {len(spec.brokers)} brokers (controlled shutdown; up to {args.timeout:.0f} s), "
+              "then the controller", file=sys.stderr)
     brokers_killed = stop_members(spec.brokers, timeout_s=args.timeout)
     controller_killed = stop_members([spec.controller], timeout_s=args.timeout)
     forced = brokers_killed + controller_killed
@@ -522,7 +527,8 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
 
     q = cs.add_parser("down", help="stop every member (SIGTERM, then SIGKILL after --timeout)")
     data_dir_arg(q)
-    q.add_argument("--timeout", type=float, default=20.0)
+    q.add_argument("--timeout", type=float, default=40.0,
+                   help="seconds before SIGKILL (default 40, above controlled.shutdown.max.wait.ms)")
     q.set_defaults(func=cmd_down)
 
     q = cs.add_parser("kill", help="send a signal to one member")
