@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 log = get_logger("broker")
 
 EARLIEST_TIMESTAMP = -2
+ISR_RETRY_BACKOFF_MS = 200
 LATEST_TIMESTAMP = -1
 
 
@@ -88,6 +89,7 @@ class ReplicaManager:
         self.alter_sender: AlterPartitionSender | None = None
         self._state_lock = asyncio.Lock()
         self._restored_hws: dict[TopicPartition, int] = {}
+        self._isr_backoff_until: dict[TopicPartition, int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._closing = False
@@ -269,6 +271,7 @@ class ReplicaManager:
         if self.fetcher is not None:
             self.fetcher.remove_partitions([tp])
         was_leader_same_epoch = p.is_leader and p.state.leader_epoch == msg.leader_epoch
+        self._isr_backoff_until.pop(tp, None)
         leo = p.log_end_offset
         if not was_leader_same_epoch:
             _assign_epoch(p.log, msg.leader_epoch, leo)
@@ -385,7 +388,10 @@ class ReplicaManager:
     def _maybe_request_isr_change(self, p: Partition) -> None:
         if self.alter_sender is None or self._closing:
             return
-        change = ps.next_isr_change(p.state, now_ms=self.clock.monotonic_ms(), leader_end_offset=p.log_end_offset,
+        now = self.clock.monotonic_ms()
+        if self._isr_backoff_until.get(p.tp, 0) > now:
+            return
+        change = ps.next_isr_change(p.state, now_ms=now, leader_end_offset=p.log_end_offset,
                                     replica_lag_time_max_ms=self.config.get_int("replica.lag.time.max.ms"))
         if change is None:
             return
@@ -414,7 +420,11 @@ class ReplicaManager:
                         leader_epoch=sent.leader_epoch, partition_epoch=sent.partition_epoch,
                         new_isr=list(change.new_isr), error=result.error.name)
             p.state = replace(p.state, pending=None)
+            # The controller's view differs (its LeaderAndIsr is on the way): do not ask again on every
+            # follower fetch meanwhile.
+            self._isr_backoff_until[p.tp] = self.clock.monotonic_ms() + ISR_RETRY_BACKOFF_MS
             return
+        self._isr_backoff_until.pop(p.tp, None)
         before = p.state.isr
         p.state = ps.isr_change_committed(p.state, leader_epoch=result.leader_epoch, isr=result.isr,
                                           partition_epoch=result.partition_epoch)
@@ -605,11 +615,8 @@ class ReplicaManager:
         if fp.last_fetched_epoch < 0:
             return None
         epoch, end = p.log.end_offset_for_epoch(fp.last_fetched_epoch)
-        if epoch < 0 or end < 0:
-            # No epoch <= last_fetched_epoch here (the follower's history predates ours): truncate to start.
-            if fp.fetch_offset > p.log_start_offset and p.log.latest_epoch() is not None:
-                return {"epoch": -1, "end_offset": p.log_start_offset}
-            return None
+        # Kafka Partition.fetchRecords: an undefined answer (-1, -1) also diverges; the fetcher then
+        # falls back to its HW.
         if end < fp.fetch_offset or epoch < fp.last_fetched_epoch:
             return {"epoch": epoch, "end_offset": end}
         return None
