@@ -370,7 +370,6 @@ def _foreground(spec: ClusterSpec) -> int:
     try:
         for m in spec.members:
             files[m.name] = open(m.log, "rb")  # noqa: SIM115 - closed in finally
-            files[m.name].seek(0, os.SEEK_END)
         print("streaming logs; Ctrl-C stops the cluster", file=sys.stderr, flush=True)
         while not stop:
             quiet = True
