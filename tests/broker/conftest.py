@@ -48,7 +48,7 @@ async def start_broker(tmp_path: Path, controller: FakeController) -> AsyncItera
         cfg = broker_config({"broker.heartbeat.interval.ms": 200, **(sets or {})})
         opts = BrokerOptions(node_id, "127.0.0.1", 0, controller.address, data_dir or tmp_path / f"b{node_id}",
                              None, cfg)
-        proc = BrokerProcess(opts, log_manager_factory=_log_manager_factory())
+        proc = BrokerProcess(opts)
         await proc.start()
         started.append(proc)
         if register:
@@ -60,15 +60,6 @@ async def start_broker(tmp_path: Path, controller: FakeController) -> AsyncItera
     finally:
         for proc in started:
             await proc.stop()
-
-
-def _log_manager_factory() -> Any:
-    try:
-        from storage.log_manager import LogManager
-        return LogManager
-    except ImportError:
-        from tests.broker.standin_log_manager import StandinLogManager
-        return StandinLogManager
 
 
 def batch(n: int = 3, size: int = 10, ts: int = 1_700_000_000_000) -> bytes:
