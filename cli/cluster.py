@@ -212,6 +212,7 @@ def spawn(spec: ClusterSpec, m: Member) -> Member:
     Path(m.data_dir).mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(m.log, "ab") as logf:
+        _LOG_START[m.log] = logf.tell()
         proc = subprocess.Popen(command(spec, m), stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                                 env=env, start_new_session=True)
     _CHILDREN[proc.pid] = proc
@@ -219,6 +220,7 @@ def spawn(spec: ClusterSpec, m: Member) -> Member:
 
 
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}  # processes this process started (for reaping)
+_LOG_START: dict[str, int] = {}  # log file -> its size when this process started the member
 
 
 def reap() -> None:
@@ -370,6 +372,7 @@ def _foreground(spec: ClusterSpec) -> int:
     try:
         for m in spec.members:
             files[m.name] = open(m.log, "rb")  # noqa: SIM115 - closed in finally
+            files[m.name].seek(_LOG_START.get(m.log, 0))  # this run's lines, not earlier runs'
         print("streaming logs; Ctrl-C stops the cluster", file=sys.stderr, flush=True)
         while not stop:
             quiet = True
