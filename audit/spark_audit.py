@@ -126,6 +126,7 @@ def build_session(master: str = "local[*]", *, app_name: str = "minibroker-audit
                .config("spark.driver.memory", driver_memory)
                .config("spark.sql.session.timeZone", "UTC"))
     if master.startswith("local"):  # stay on the loopback interface
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         builder = (builder.config("spark.driver.host", "127.0.0.1")
                    .config("spark.driver.bindAddress", "127.0.0.1"))
     for key, value in (extra_conf or {}).items():

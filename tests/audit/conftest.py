@@ -19,3 +19,12 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture(autouse=True)
+def _reset_structlog() -> Iterator[None]:
+    """CLI commands run in-process configure structlog onto pytest's captured stderr; undo it."""
+    yield
+    import structlog
+
+    structlog.reset_defaults()

@@ -2,8 +2,8 @@
 
 Every scenario below is its own export directory; the module audits them all
 in one Spark pass (``run_audits``) so the suite stays fast on two cores, and
-each test reads its export's report. ``test_single_export_run_audit`` covers
-the one-export path.
+each test reads its export's report (``run_audit``, the one-export path, is
+covered by the CLI test).
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 
+from audit.export import export
 from audit.spark_audit import CHECK_NAMES, AuditReport, Status, format_summary, run_audit, run_audits, write_report
+from tests.audit.datadirs import batch_positions, cluster, corrupt_byte, history
 from tests.audit.exports import BROKERS, Export, clean_export
 
 
@@ -144,6 +146,19 @@ CLEAN: dict[str, Callable[[Export], None]] = {
 }
 
 
+def _real_file_exports(root: Path) -> dict[str, Path]:
+    """Exports of broker data dirs written with storage's encoders: clean, and one with a bad CRC."""
+    out = {}
+    for name in ("files_clean", "files_crc"):
+        c = cluster(root / f"{name}-cluster")
+        if name == "files_crc":
+            seg0 = c / "broker-1" / "t-0" / "00000000000000000000.log"
+            corrupt_byte(seg0, batch_positions(seg0)[1] + 70)
+        out[name] = root / name
+        export([c], out[name], history=history(root / f"{name}-history.jsonl"))
+    return out
+
+
 @pytest.fixture(scope="module")
 def reports(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, AuditReport]:
     root = tmp_path_factory.mktemp("exports")
@@ -152,6 +167,7 @@ def reports(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, A
         e = clean_export()
         inject(e)
         dirs[name] = e.write(root / name)
+    dirs.update(_real_file_exports(root))
     return dict(zip(dirs, run_audits(spark, list(dirs.values())), strict=True))
 
 
@@ -257,18 +273,24 @@ def test_uncommitted_tail_of_a_deposed_leader_is_not_a_violation(reports: dict[s
     assert report.stats["final_log_records"] == 11
 
 
-def test_single_export_run_audit_and_json_report(spark: Any, tmp_path: Path) -> None:
-    e = clean_export()
-    _dirty(e)
-    report = run_audit(spark, e.write(tmp_path / "export"))
-    assert flagged(report) == {"dirty_reads"}
+def test_exports_of_real_files_audit_as_expected(reports: dict[str, AuditReport]) -> None:
+    """Clean files audit clean; a corrupted batch is damage (and a gap in that replica's log)."""
+    clean = reports["files_clean"]
+    assert clean.ok, format_summary(clean)
+    assert clean.stats["acked"] == 6 and clean.stats["final_log_records"] == 6 and clean.stats["record_rows"] == 18
+    assert flagged(reports["files_crc"]) == {"damaged_files", "offset_gaps"}, format_summary(reports["files_crc"])
+
+
+def test_json_report(reports: dict[str, AuditReport], tmp_path: Path) -> None:
     path = tmp_path / "report.json"
-    write_report(report, path)
+    write_report(reports["dirty_reads"], path)
     body = json.loads(path.read_text())
     assert body["ok"] is False
     assert body["violations"] == ["dirty_reads"]
+    assert body["stats"]["polls"] == 21
     dirty = next(c for c in body["checks"] if c["name"] == "dirty_reads")
     assert dirty["evidence"][0]["value"] == "phantom"
+    assert {c["status"] for c in body["checks"]} == {"ok", "violation"}
 
 
 def test_not_an_export_is_a_clear_error(spark: Any, tmp_path: Path) -> None:

@@ -1,0 +1,430 @@
+"""Offline export of broker data directories (and a workload history) to Parquet.
+
+Reads the files of stopped (or running) brokers directly, never through the
+API, with storage's own decoders (``storage.record_batch``,
+``storage.checkpoint``), and writes the tables described in ``audit.schema``.
+
+Inputs: each ``--data-dir`` is either a broker data directory (it holds
+``meta.properties`` with ``node.id``) or a cluster directory from ``cluster
+up`` whose ``broker-<id>/`` subdirectories are broker data directories.
+
+Per broker data directory (DESIGN.md "Storage")::
+
+    meta.properties, replication-offset-checkpoint (HW), recovery-point-offset-checkpoint,
+    log-start-offset-checkpoint, <topic>-<partition>/{<20-digit base>.log, leader-epoch-checkpoint}
+
+Segments are scanned in base-offset order, batch by batch, as recovery would:
+a batch that fails the frame checks (length, magic, CRC, count) or whose
+records do not decode ends the scan of that segment file and becomes a
+``damaged`` row (``corrupt_batch`` / ``bad_records``); the scan goes on with
+the next segment. An incomplete batch at the end of a partition's last segment
+is a ``torn_tail`` (what a kill mid-append leaves; recovery truncates it),
+anywhere else it is ``corrupt_batch``. Unreadable checkpoints are
+``bad_checkpoint`` rows and their values are unknown (-1). Nothing of this is
+fatal: the export always completes and the audit reports the damage.
+
+LEO is the next offset after the last readable batch (the base offset of the
+last segment when it is empty). Log start is the checkpoint's value, else the
+first segment's base offset. The latest epoch is the leader-epoch cache's last
+entry, else the last batch's epoch.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from audit import schema
+from audit.history import HistoryFormatError, find_history_files, read_history
+from common.clock import Clock, SystemClock
+from common.logging import get_logger
+from common.wire import TopicPartition
+from storage.checkpoint import CheckpointError, read_epochs, read_offsets
+from storage.record_batch import (
+    HEADER_SIZE,
+    MIN_BATCH_LENGTH,
+    BatchHeader,
+    InvalidBatchError,
+    check_frame,
+    decode_records,
+    parse_header,
+)
+
+log = get_logger(__name__)
+
+META_FILE = "meta.properties"
+HW_CHECKPOINT = "replication-offset-checkpoint"
+RECOVERY_CHECKPOINT = "recovery-point-offset-checkpoint"
+LOG_START_CHECKPOINT = "log-start-offset-checkpoint"
+EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
+SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
+PARTITION_DIR_RE = re.compile(r"^(.+)-(\d+)$")
+BROKER_DIR_RE = re.compile(r"^broker-(\d+)$")
+
+
+class ExportError(ValueError):
+    """Input the export cannot work with (not a data directory, a bad history, ...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerDir:
+    broker_id: int
+    path: Path
+
+
+@dataclass(frozen=True, slots=True)
+class Damage:
+    broker: int
+    tp: TopicPartition | None
+    file: Path
+    position: int
+    kind: str
+    error: str
+
+    def row(self, root: Path) -> dict[str, Any]:
+        return {"broker": self.broker, "topic": self.tp.topic if self.tp else None,
+                "partition": self.tp.partition if self.tp else None, "file": _rel(self.file, root),
+                "position": self.position, "kind": self.kind, "error": self.error}
+
+
+@dataclass
+class ExportSummary:
+    out: Path
+    brokers: list[int] = field(default_factory=list)
+    replicas: int = 0
+    records: int = 0
+    damaged: int = 0
+    torn_tails: int = 0
+    sends: int = 0
+    polls: int = 0
+    history_files: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        return [f"exported {self.records} records of {self.replicas} replicas on brokers "
+                f"{', '.join(map(str, self.brokers)) or '-'} to {self.out}",
+                f"history: {self.sends} sends, {self.polls} polls from "
+                f"{', '.join(self.history_files) or 'no history file'}",
+                f"damaged regions: {self.damaged} (torn tails: {self.torn_tails})"
+                + (" -- see damaged.parquet" if self.damaged else "")]
+
+
+# ---------------------------------------------------------------- discovery
+
+def read_properties(path: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def _broker_id(path: Path) -> int | None:
+    meta = path / META_FILE
+    if meta.is_file():
+        try:
+            props = read_properties(meta)
+            return int(props.get("node.id", props.get("broker.id", "")))
+        except (OSError, UnicodeDecodeError, ValueError):
+            pass
+    m = BROKER_DIR_RE.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def discover_broker_dirs(paths: list[Path]) -> list[BrokerDir]:
+    """Broker data directories under the given paths; ``ExportError`` if one holds none."""
+    found: dict[Path, BrokerDir] = {}
+    for path in paths:
+        if not path.is_dir():
+            raise ExportError(f"{path} is not a directory")
+        if (path / META_FILE).is_file():
+            candidates = [path]
+        else:
+            candidates = sorted(p for p in path.iterdir() if p.is_dir() and BROKER_DIR_RE.match(p.name))
+        if not candidates:
+            raise ExportError(f"{path} is neither a broker data directory (no {META_FILE}) "
+                              "nor a cluster directory (no broker-<id>/ subdirectories)")
+        for c in candidates:
+            broker_id = _broker_id(c)
+            if broker_id is None:
+                raise ExportError(f"{c}: cannot tell the broker id ({META_FILE} has no node.id)")
+            found[c.resolve()] = BrokerDir(broker_id, c)
+    ids = [b.broker_id for b in found.values()]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ExportError(f"broker id(s) {dupes} appear in more than one data directory")
+    return sorted(found.values(), key=lambda b: b.broker_id)
+
+
+def partition_dirs(broker_dir: Path) -> list[tuple[TopicPartition, Path]]:
+    """``<topic>-<partition>`` directories; anything else (``...-delete``, stray dirs) is skipped."""
+    out = []
+    for p in sorted(broker_dir.iterdir()):
+        m = PARTITION_DIR_RE.match(p.name)
+        if p.is_dir() and m:
+            out.append((TopicPartition(m.group(1), int(m.group(2))), p))
+    return out
+
+
+def segment_files(pdir: Path) -> tuple[list[tuple[int, Path]], list[Path]]:
+    """(base offset, path) of the ``.log`` files in offset order, and misnamed ``.log`` files."""
+    good, bad = [], []
+    for p in pdir.iterdir():
+        if p.suffix != ".log" or not p.is_file():
+            continue
+        m = SEGMENT_RE.match(p.name)
+        if m:
+            good.append((int(m.group(1)), p))
+        else:
+            bad.append(p)
+    return sorted(good), sorted(bad)
+
+
+# ---------------------------------------------------------------- scanning
+
+@dataclass
+class ReplicaScan:
+    """What one partition directory holds."""
+
+    broker: int
+    tp: TopicPartition
+    segments: int = 0
+    batches: int = 0
+    records: int = 0
+    first_base: int | None = None
+    next_offset: int | None = None
+    last_epoch: int | None = None
+    damage: list[Damage] = field(default_factory=list)
+
+
+def _record_rows(broker: int, tp: TopicPartition, segment: str, pos: int, h: BatchHeader,
+                 buf: Any) -> list[dict[str, Any]]:
+    rows = []
+    for r in decode_records(buf, pos):
+        rows.append({"broker": broker, "topic": tp.topic, "partition": tp.partition,
+                     "offset": h.base_offset + r.offset_delta, "leader_epoch": h.partition_leader_epoch,
+                     "batch_base_offset": h.base_offset, "batch_last_offset": h.last_offset,
+                     "batch_crc": h.crc, "key": r.key, "value": r.value,
+                     "timestamp": h.first_timestamp + r.timestamp_delta, "producer_id": h.producer_id,
+                     "producer_epoch": h.producer_epoch,
+                     "sequence": h.base_sequence + r.offset_delta if h.base_sequence >= 0 else -1,
+                     "segment": segment, "position": pos})
+    return rows
+
+
+def _incomplete(buf: Any, pos: int) -> str | None:
+    """Why the bytes at ``pos`` are not a whole batch, or None if they frame one."""
+    left = len(buf) - pos
+    if left < HEADER_SIZE:
+        return f"{left} bytes left, less than a batch header"
+    header = parse_header(buf, pos)
+    if header.batch_length < MIN_BATCH_LENGTH and not any(buf[pos:]):
+        return f"{left} zero bytes"
+    if header.batch_length >= MIN_BATCH_LENGTH and pos + header.size > len(buf):
+        return f"batch of {header.size} bytes, {left} left"
+    return None
+
+
+def scan_segment(scan: ReplicaScan, path: Path, *, last: bool) -> Iterator[dict[str, Any]]:
+    """Record rows of one segment file; damage is appended to ``scan.damage``."""
+    size = path.stat().st_size
+    if size == 0:
+        return
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        pos = 0
+        while pos < size:
+            torn = _incomplete(buf, pos)
+            if torn is not None:
+                scan.damage.append(Damage(scan.broker, scan.tp, path, pos,
+                                          "torn_tail" if last else "corrupt_batch", torn))
+                return
+            try:
+                header = check_frame(buf, pos)
+                rows = _record_rows(scan.broker, scan.tp, path.name, pos, header, buf)
+            except InvalidBatchError as exc:
+                kind = "bad_records" if exc.code.name == "INVALID_RECORD" else "corrupt_batch"
+                scan.damage.append(Damage(scan.broker, scan.tp, path, pos, kind,
+                                          f"{type(exc).__name__}: {exc}"))
+                return
+            scan.batches += 1
+            scan.records += len(rows)
+            scan.next_offset = header.next_offset
+            scan.last_epoch = header.partition_leader_epoch
+            yield from rows
+            pos += header.size
+
+
+def scan_partition(broker: int, tp: TopicPartition, pdir: Path) -> tuple[ReplicaScan, Iterator[dict[str, Any]]]:
+    scan = ReplicaScan(broker, tp)
+    segments, misnamed = segment_files(pdir)
+    scan.damage += [Damage(broker, tp, p, 0, "bad_name", "a .log file not named by a 20-digit base offset")
+                    for p in misnamed]
+    scan.segments = len(segments)
+    if segments:
+        scan.first_base = segments[0][0]
+
+    def rows() -> Iterator[dict[str, Any]]:
+        for i, (base, path) in enumerate(segments):
+            if scan.next_offset is None or scan.next_offset < base:
+                scan.next_offset = base  # an empty (or fully damaged) segment still marks its base
+            try:
+                yield from scan_segment(scan, path, last=i == len(segments) - 1)
+            except OSError as exc:
+                scan.damage.append(Damage(broker, tp, path, 0, "unreadable", str(exc)))
+
+    return scan, rows()
+
+
+# ---------------------------------------------------------------- replica state
+
+@dataclass(frozen=True, slots=True)
+class Checkpoints:
+    hw: dict[TopicPartition, int]
+    recovery: dict[TopicPartition, int]
+    log_start: dict[TopicPartition, int]
+
+
+def read_checkpoints(b: BrokerDir, damage: list[Damage]) -> Checkpoints:
+    def one(name: str) -> dict[TopicPartition, int]:
+        try:
+            return read_offsets(b.path / name)
+        except (CheckpointError, OSError, UnicodeDecodeError) as exc:
+            damage.append(Damage(b.broker_id, None, b.path / name, 0, "bad_checkpoint", str(exc)))
+            return {}
+
+    return Checkpoints(one(HW_CHECKPOINT), one(RECOVERY_CHECKPOINT), one(LOG_START_CHECKPOINT))
+
+
+def replica_row(b: BrokerDir, scan: ReplicaScan, pdir: Path, cps: Checkpoints) -> dict[str, Any]:
+    epochs: list[dict[str, int]] = []
+    try:
+        epochs = [{"epoch": e.epoch, "start_offset": e.start_offset} for e in read_epochs(pdir / EPOCH_CHECKPOINT)]
+    except (CheckpointError, OSError, UnicodeDecodeError) as exc:
+        scan.damage.append(Damage(b.broker_id, scan.tp, pdir / EPOCH_CHECKPOINT, 0, "bad_checkpoint", str(exc)))
+    latest = epochs[-1]["epoch"] if epochs else (scan.last_epoch if scan.last_epoch is not None else -1)
+    leo = scan.next_offset if scan.next_offset is not None else 0
+    log_start = cps.log_start.get(scan.tp, scan.first_base if scan.first_base is not None else 0)
+    return {"broker": b.broker_id, "topic": scan.tp.topic, "partition": scan.tp.partition,
+            "data_dir": str(b.path), "high_watermark": cps.hw.get(scan.tp, -1), "log_end_offset": leo,
+            "log_start_offset": log_start, "recovery_point": cps.recovery.get(scan.tp, -1),
+            "latest_epoch": latest, "epoch_cache": epochs, "segments": scan.segments, "batches": scan.batches,
+            "records": scan.records,
+            "damaged": any(d.kind not in schema.INFORMATIONAL_DAMAGE for d in scan.damage)}
+
+
+# ---------------------------------------------------------------- export
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+def prepare_out(out: Path) -> None:
+    """Create ``out``, or reuse it if it is empty or an earlier export; refuse anything else."""
+    if out.exists():
+        if not out.is_dir():
+            raise ExportError(f"--out {out} exists and is not a directory")
+        entries = [p.name for p in out.iterdir()]
+        ours = {schema.MANIFEST, *(f"{n}.parquet" for n in schema.TABLES)}
+        if any(name not in ours for name in entries):
+            raise ExportError(f"--out {out} is not empty and not an earlier export; choose another directory")
+        (out / schema.MANIFEST).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def export_brokers(brokers: list[BrokerDir], out: Path, summary: ExportSummary) -> list[Damage]:
+    """Write ``records`` and ``replicas``; returns every damage found."""
+    damage: list[Damage] = []
+    records = schema.TableWriter(out, "records")
+    replicas: list[dict[str, Any]] = []
+    try:
+        for b in brokers:
+            cps = read_checkpoints(b, damage)
+            for tp, pdir in partition_dirs(b.path):
+                scan, rows = scan_partition(b.broker_id, tp, pdir)
+                for row in rows:
+                    records.add(row)
+                replicas.append(replica_row(b, scan, pdir, cps))
+                damage += scan.damage
+                for d in scan.damage:
+                    log.warning("export_damage_found", broker_id=b.broker_id, topic=tp.topic,
+                                partition=tp.partition, file=str(d.file), position=d.position, kind=d.kind,
+                                error=d.error)
+    finally:
+        records.close()
+    schema.write_table(out, "replicas", replicas)
+    summary.brokers = [b.broker_id for b in brokers]
+    summary.replicas = len(replicas)
+    summary.records = records.rows
+    return damage
+
+
+def _utf8(text: str | None) -> bytes | None:
+    return None if text is None else text.encode("utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRows:
+    sends: list[dict[str, Any]]
+    polls: list[dict[str, Any]]
+    files: list[str]
+
+
+def load_history(history: Path | None) -> HistoryRows | None:
+    """The history's rows for ``sends`` and ``polls``; None without ``--history``."""
+    if history is None:
+        return None
+    if not history.exists():
+        raise ExportError(f"--history {history} does not exist")
+    files = find_history_files(history)
+    if not files:
+        raise ExportError(f"--history {history}: no file whose name contains 'history'")
+    sends: list[dict[str, Any]] = []
+    polls: list[dict[str, Any]] = []
+    for path in files:
+        try:
+            h = read_history(path)
+        except (HistoryFormatError, OSError) as exc:
+            raise ExportError(f"bad history: {exc}") from None
+        sends += [{"process": s.process, "seq": s.seq, "topic": s.topic, "partition": s.partition,
+                   "offset": s.offset, "key": _utf8(s.key), "value": _utf8(s.value), "outcome": s.outcome.value,
+                   "error": s.error, "start_ms": s.start_ms, "time_ms": s.time_ms} for s in h.sends]
+        polls += [{"process": p.process, "seq": p.seq, "topic": p.topic, "partition": p.partition,
+                   "offset": p.offset, "key": _utf8(p.key), "value": _utf8(p.value), "time_ms": p.time_ms}
+                  for p in h.polls]
+    return HistoryRows(sends, polls, [str(f) for f in files])
+
+
+def export(data_dirs: list[Path], out: Path, *, history: Path | None = None,
+           clock: Clock | None = None) -> ExportSummary:
+    """The whole export; ``ExportError`` for input it cannot use (nothing is half-written then)."""
+    brokers = discover_broker_dirs(data_dirs)
+    rows = load_history(history)  # before touching --out: a bad history changes nothing
+    prepare_out(out)
+    summary = ExportSummary(out=out)
+    summary.sends = schema.write_table(out, "sends", rows.sends if rows else [])
+    summary.polls = schema.write_table(out, "polls", rows.polls if rows else [])
+    summary.history_files = rows.files if rows else []
+    damage = export_brokers(brokers, out, summary)
+    root = Path(os.path.commonpath([str(b.path.resolve()) for b in brokers]))
+    schema.write_table(out, "damaged", [d.row(root) for d in damage])
+    summary.damaged = sum(d.kind not in schema.INFORMATIONAL_DAMAGE for d in damage)
+    summary.torn_tails = len(damage) - summary.damaged
+    schema.write_manifest(out, {
+        "has_history": rows is not None, "brokers": summary.brokers,
+        "sources": [str(b.path) for b in brokers] + summary.history_files,
+        "counts": {"records": summary.records, "replicas": summary.replicas, "damaged": len(damage),
+                   "sends": summary.sends, "polls": summary.polls},
+        "created_ms": (clock or SystemClock()).now_ms(),
+    })
+    log.info("export_done", brokers=summary.brokers, records=summary.records, replicas=summary.replicas,
+             damaged=summary.damaged, out=str(out))
+    return summary

@@ -1,0 +1,114 @@
+"""Tiny broker data directories written with storage's own encoders.
+
+``write_replica`` lays out one partition the way DESIGN.md "Storage" says a
+broker does: ``<base>.log`` segments of record batches built by
+``storage.record_batch.build_batch``, a ``leader-epoch-checkpoint`` and the
+broker's offset checkpoints (``storage.checkpoint``).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgpack
+
+from audit.history import HistoryWriter, Outcome, PollEvent, SendEvent
+from common.wire import TopicPartition
+from storage.checkpoint import write_epochs, write_offsets
+from storage.epoch_cache import EpochEntry
+from storage.record_batch import ATTRIBUTES_OFFSET, HEADER_SIZE, build_batch, parse_header
+
+
+@dataclass(frozen=True)
+class Batch:
+    epoch: int
+    values: Sequence[str]
+
+
+def write_meta(broker_dir: Path, broker_id: int) -> None:
+    broker_dir.mkdir(parents=True, exist_ok=True)
+    (broker_dir / "meta.properties").write_text(f"version=1\nnode.id={broker_id}\ncluster.id=test\n")
+
+
+def write_replica(broker_dir: Path, broker_id: int, segments: Sequence[Sequence[Batch]], *, hw: int,
+                  topic: str = "t", partition: int = 0, producer_id: int = -1) -> list[Path]:
+    """Segments of batches (offsets assigned from 0); returns the segment paths."""
+    write_meta(broker_dir, broker_id)
+    pdir = broker_dir / f"{topic}-{partition}"
+    pdir.mkdir(exist_ok=True)
+    offset = 0
+    paths = []
+    epochs: list[EpochEntry] = []
+    for seg in segments:
+        path = pdir / f"{offset:020d}.log"
+        chunks = []
+        for b in seg:
+            if not epochs or epochs[-1].epoch != b.epoch:
+                epochs.append(EpochEntry(b.epoch, offset))
+            chunks.append(build_batch([(f"k{offset + i}".encode(), v.encode()) for i, v in enumerate(b.values)],
+                                      base_offset=offset, timestamp_ms=1_700_000_000_000 + offset,
+                                      partition_leader_epoch=b.epoch, producer_id=producer_id,
+                                      producer_epoch=0 if producer_id >= 0 else -1,
+                                      base_sequence=offset if producer_id >= 0 else -1))
+            offset += len(b.values)
+        path.write_bytes(b"".join(chunks))
+        paths.append(path)
+    write_epochs(pdir / "leader-epoch-checkpoint", epochs)
+    tp = TopicPartition(topic, partition)
+    _merge_offsets(broker_dir / "replication-offset-checkpoint", tp, hw)
+    _merge_offsets(broker_dir / "recovery-point-offset-checkpoint", tp, offset)
+    _merge_offsets(broker_dir / "log-start-offset-checkpoint", tp, 0)
+    return paths
+
+
+def _merge_offsets(path: Path, tp: TopicPartition, value: int) -> None:
+    from storage.checkpoint import read_offsets
+
+    offsets = read_offsets(path)
+    offsets[tp] = value
+    write_offsets(path, offsets)
+
+
+def batch_positions(path: Path) -> list[int]:
+    from storage.record_batch import iter_batches
+
+    return [pos for pos, _ in iter_batches(path.read_bytes())]
+
+
+def corrupt_byte(path: Path, position: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[position] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def undecodable_batch(base_offset: int, epoch: int) -> bytes:
+    """A batch with a valid frame and CRC whose records are not a msgpack array."""
+    good = build_batch([(None, b"x")], base_offset=base_offset, timestamp_ms=1, partition_leader_epoch=epoch)
+    header = parse_header(good)
+    body = msgpack.packb({"not": "records"})
+    tail = good[ATTRIBUTES_OFFSET:HEADER_SIZE] + body
+    return struct.pack(">qiibI", header.base_offset, len(tail) + 9, epoch, 2, zlib.crc32(tail)) + tail
+
+
+SEGMENTS = [[Batch(0, ["v0", "v1"]), Batch(0, ["v2"])], [Batch(1, ["v3", "v4"]), Batch(1, ["v5"])]]
+
+
+def cluster(root: Path, *, hw: int = 6) -> Path:
+    """A cluster dir as ``cluster up`` makes it: broker-0..2, one partition t-0 of six records."""
+    for b in range(3):
+        write_replica(root / f"broker-{b}", b, SEGMENTS, hw=hw)
+    (root / "controller").mkdir()
+    return root
+
+
+def history(path: Path, n: int = 6) -> Path:
+    with HistoryWriter(path) as w:
+        for o in range(n):
+            w.write(SendEvent("p0", o, "t", f"k{o}", f"v{o}", 1, 2, Outcome.OK, 0, o))
+        for o in range(n):
+            w.write(PollEvent("c0", o, "t", 0, o, f"k{o}", f"v{o}", 3))
+    return path

@@ -1,0 +1,39 @@
+"""``minibroker audit`` as a user runs it: a real subprocess with its own Spark."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from cli.main import main
+from tests.audit.exports import clean_export
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=170, check=False)
+
+
+def test_audit_exits_1_with_evidence_and_writes_the_report(tmp_path: Path) -> None:
+    e = clean_export()
+    e.poll("c0", 10, 10, "phantom")
+    export_dir = e.write(tmp_path / "export")
+    report = tmp_path / "report.json"
+    proc = run_cli("audit", str(export_dir), "--master", "local[1]", "--report", str(report),
+                   "--conf", "spark.sql.shuffle.partitions=1")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "dirty_reads            violation" in proc.stdout
+    assert "phantom" in proc.stdout
+    assert "RESULT: VIOLATED: dirty_reads" in proc.stdout
+    body = json.loads(report.read_text())
+    assert body["violations"] == ["dirty_reads"]
+
+
+def test_audit_of_a_non_export_is_a_usage_error(tmp_path: Path) -> None:
+    assert main(["audit", str(tmp_path)]) == 2
+    assert main(["audit", str(clean_export().write(tmp_path / "e")), "--evidence-rows", "0"]) == 2
+    assert main(["audit", str(tmp_path / "e"), "--conf", "novalue"]) == 2

@@ -1,0 +1,194 @@
+"""Offline export of real broker data directories (written with storage's encoders)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from audit.export import ExportError, export
+from cli.main import main
+from tests.audit.datadirs import (
+    Batch,
+    batch_positions,
+    cluster,
+    corrupt_byte,
+    history,
+    undecodable_batch,
+    write_meta,
+    write_replica,
+)
+
+
+def table(out: Path, name: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = pq.read_table(out / f"{name}.parquet").to_pylist()
+    return rows
+
+
+def test_export_of_a_cluster_dir_with_history(tmp_path: Path) -> None:
+    out = tmp_path / "export"
+    summary = export([cluster(tmp_path / "c")], out, history=history(tmp_path / "history.jsonl"))
+    assert (summary.brokers, summary.replicas, summary.records, summary.damaged) == ([0, 1, 2], 3, 18, 0)
+    records = table(out, "records")
+    b1 = sorted((r for r in records if r["broker"] == 1), key=lambda r: r["offset"])
+    assert [r["offset"] for r in b1] == [0, 1, 2, 3, 4, 5]
+    assert [r["value"] for r in b1] == [b"v0", b"v1", b"v2", b"v3", b"v4", b"v5"]
+    assert [r["leader_epoch"] for r in b1] == [0, 0, 0, 1, 1, 1]
+    assert [r["batch_base_offset"] for r in b1] == [0, 0, 2, 3, 3, 5]
+    assert b1[4]["batch_last_offset"] == 4 and b1[4]["key"] == b"k4"
+    assert b1[3]["segment"] == "00000000000000000003.log"
+    assert b1[0]["timestamp"] == 1_700_000_000_000 and b1[0]["producer_id"] == -1 and b1[0]["sequence"] == -1
+    assert len({r["batch_crc"] for r in records if r["batch_base_offset"] == 3}) == 1  # identical replicas
+    rep = {r["broker"]: r for r in table(out, "replicas")}[2]
+    assert (rep["high_watermark"], rep["log_end_offset"], rep["log_start_offset"], rep["recovery_point"]) \
+        == (6, 6, 0, 6)
+    assert rep["epoch_cache"] == [{"epoch": 0, "start_offset": 0}, {"epoch": 1, "start_offset": 3}]
+    assert (rep["latest_epoch"], rep["segments"], rep["batches"], rep["records"], rep["damaged"]) == (1, 2, 4, 6, False)
+    assert table(out, "damaged") == []
+    assert [s["value"] for s in table(out, "sends")] == [f"v{o}".encode() for o in range(6)]
+    assert len(table(out, "polls")) == 6
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["has_history"] is True and manifest["brokers"] == [0, 1, 2]
+
+
+def test_export_of_broker_data_dirs_without_history(tmp_path: Path) -> None:
+    c = cluster(tmp_path / "c")
+    out = tmp_path / "export"
+    summary = export([c / "broker-0", c / "broker-2"], out)
+    assert summary.brokers == [0, 2]
+    assert {r["broker"] for r in table(out, "records")} == {0, 2}
+    assert json.loads((out / "manifest.json").read_text())["has_history"] is False
+    assert table(out, "sends") == [] and table(out, "polls") == []
+
+
+def test_producer_ids_and_sequences_are_exported(tmp_path: Path) -> None:
+    write_replica(tmp_path / "b", 4, [[Batch(2, ["a", "b", "c"])]], hw=3, producer_id=9)
+    out = tmp_path / "export"
+    export([tmp_path / "b"], out)
+    rows = sorted(table(out, "records"), key=lambda r: r["offset"])
+    assert [(r["producer_id"], r["producer_epoch"], r["sequence"]) for r in rows] == [(9, 0, 0), (9, 0, 1), (9, 0, 2)]
+
+
+def test_a_crc_failure_is_reported_and_the_next_segment_still_read(tmp_path: Path) -> None:
+    c = cluster(tmp_path / "c")
+    seg0 = c / "broker-1" / "t-0" / "00000000000000000000.log"
+    second = batch_positions(seg0)[1]
+    corrupt_byte(seg0, second + 70)  # inside the records: the CRC no longer matches
+    out = tmp_path / "export"
+    summary = export([c], out)
+    assert summary.damaged == 1
+    [d] = table(out, "damaged")
+    assert (d["broker"], d["topic"], d["partition"], d["kind"], d["position"]) == (1, "t", 0, "corrupt_batch", second)
+    assert d["file"] == "broker-1/t-0/00000000000000000000.log"
+    assert "CrcMismatch" in d["error"]
+    offsets = sorted(r["offset"] for r in table(out, "records") if r["broker"] == 1)
+    assert offsets == [0, 1, 3, 4, 5]  # offset 2 lost with the damaged batch; segment 3.. still read
+    rep = {r["broker"]: r for r in table(out, "replicas")}
+    assert rep[1]["damaged"] is True and rep[0]["damaged"] is False
+
+
+def test_a_torn_tail_is_informational(tmp_path: Path) -> None:
+    c = cluster(tmp_path / "c")
+    last = c / "broker-0" / "t-0" / "00000000000000000003.log"
+    whole = last.read_bytes()
+    last.write_bytes(whole + whole[:40])  # half a header: what a kill mid-append leaves
+    out = tmp_path / "export"
+    summary = export([c], out)
+    assert (summary.damaged, summary.torn_tails) == (0, 1)
+    [d] = table(out, "damaged")
+    assert d["kind"] == "torn_tail" and d["position"] == len(whole)
+    assert {r["broker"]: r for r in table(out, "replicas")}[0]["log_end_offset"] == 6
+
+
+def test_a_partial_batch_inside_an_older_segment_is_damage(tmp_path: Path) -> None:
+    c = cluster(tmp_path / "c")
+    seg0 = c / "broker-2" / "t-0" / "00000000000000000000.log"
+    data = seg0.read_bytes()
+    seg0.write_bytes(data[:-5])
+    out = tmp_path / "export"
+    export([c], out)
+    assert [d["kind"] for d in table(out, "damaged")] == ["corrupt_batch"]
+
+
+def test_undecodable_records_are_reported(tmp_path: Path) -> None:
+    c = cluster(tmp_path / "c")
+    last = c / "broker-0" / "t-0" / "00000000000000000003.log"
+    last.write_bytes(last.read_bytes() + undecodable_batch(6, 1))
+    out = tmp_path / "export"
+    export([c], out)
+    [d] = table(out, "damaged")
+    assert d["kind"] == "bad_records"
+
+
+def test_bad_checkpoint_and_misnamed_segment_are_reported(tmp_path: Path) -> None:
+    c = cluster(tmp_path / "c")
+    (c / "broker-0" / "replication-offset-checkpoint").write_text("0\n1\nnot a checkpoint line at all\n")
+    (c / "broker-1" / "t-0" / "12.log").write_bytes(b"")
+    out = tmp_path / "export"
+    export([c], out)
+    kinds = sorted((d["broker"], d["kind"]) for d in table(out, "damaged"))
+    assert kinds == [(0, "bad_checkpoint"), (1, "bad_name")]
+    rep = {r["broker"]: r for r in table(out, "replicas")}
+    assert rep[0]["high_watermark"] == -1 and rep[1]["high_watermark"] == 6
+
+
+def test_empty_partition_and_stray_dirs(tmp_path: Path) -> None:
+    write_meta(tmp_path / "b", 3)
+    (tmp_path / "b" / "t-1").mkdir()
+    (tmp_path / "b" / "t-1" / "00000000000000000042.log").write_bytes(b"")
+    (tmp_path / "b" / "t-0.abc-delete").mkdir()
+    (tmp_path / "b" / "notapartition").mkdir()
+    out = tmp_path / "export"
+    export([tmp_path / "b"], out)
+    [rep] = table(out, "replicas")
+    assert (rep["topic"], rep["partition"], rep["log_end_offset"], rep["log_start_offset"], rep["latest_epoch"]) \
+        == ("t", 1, 42, 42, -1)
+
+
+def test_bad_inputs_are_clear_errors(tmp_path: Path) -> None:
+    c = cluster(tmp_path / "c")
+    with pytest.raises(ExportError, match="neither a broker data directory"):
+        export([tmp_path / "c" / "controller"], tmp_path / "o1")
+    with pytest.raises(ExportError, match="not a directory"):
+        export([tmp_path / "missing"], tmp_path / "o1")
+    write_meta(tmp_path / "other", 1)
+    with pytest.raises(ExportError, match=r"broker id\(s\) \[1\]"):
+        export([c, tmp_path / "other"], tmp_path / "o1")
+    bad = tmp_path / "history.jsonl"
+    bad.write_text('{"type": "send"}\n')
+    with pytest.raises(ExportError, match=r"history\.jsonl:1: missing field"):
+        export([c], tmp_path / "o2", history=bad)
+    assert not (tmp_path / "o2").exists()  # a bad history touches nothing
+    with pytest.raises(ExportError, match="does not exist"):
+        export([c], tmp_path / "o2", history=tmp_path / "nope")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(ExportError, match="not empty"):
+        export([c], foreign)
+
+
+def test_export_can_overwrite_an_earlier_export(tmp_path: Path) -> None:
+    c = cluster(tmp_path / "c")
+    out = tmp_path / "export"
+    export([c], out, history=history(tmp_path / "history.jsonl"))
+    export([c / "broker-0"], out)
+    assert {r["broker"] for r in table(out, "records")} == {0}
+    assert table(out, "sends") == []
+
+
+def test_export_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    c = cluster(tmp_path / "c")
+    hist_dir = tmp_path / "run"
+    hist_dir.mkdir()
+    history(hist_dir / "workload-history.jsonl")
+    assert main(["export", "--data-dir", str(c / "broker-0"), str(c / "broker-1"), "--data-dir",
+                 str(c / "broker-2"), "--history", str(hist_dir), "--out", str(tmp_path / "e")]) == 0
+    printed = capsys.readouterr().out
+    assert "exported 18 records of 3 replicas on brokers 0, 1, 2" in printed
+    assert "6 sends, 6 polls" in printed
+    assert main(["export", "--data-dir", str(tmp_path), "--out", str(tmp_path / "e2")]) == 2
+    assert "neither a broker data directory" in capsys.readouterr().err
