@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
@@ -196,3 +197,41 @@ async def test_bad_batches_get_error_codes(start_broker: StartBroker, controller
     assert part(await rpc.call(addr, "fetch", fetch_body(0)))["log_end_offset"] == 0
     f = part(await rpc.call(addr, "fetch", fetch_body(10**15)))
     assert f["error"] == ErrorCode.OFFSET_OUT_OF_RANGE
+
+
+async def test_fetch_total_and_partition_max_bytes(start_broker: StartBroker, controller: FakeController,
+                                                   rpc: RpcClient) -> None:
+    b = await start_broker()
+    tp1 = TopicPartition("t", 1)
+    await controller.elect(TP, leader=1, replicas=[1])
+    await controller.elect(tp1, leader=1, replicas=[1])
+    one = batch(5, size=100)
+    for tp in (TP, tp1):
+        for _ in range(3):
+            await rpc.call(b.address, "produce", produce_body(one, tp=tp))
+    body = fetch_body(0, max_bytes=len(one) + 10)
+    body["topics"][0]["partitions"].append({**body["topics"][0]["partitions"][0], "partition": 1})
+    r = await rpc.call(b.address, "fetch", body)
+    parts = r["topics"][0]["partitions"]
+    assert len(parts[0]["records"]) == len(one)  # whole batches only, within the request's max_bytes
+    assert parts[1]["records"] == b""  # the response is full
+    body = fetch_body(0, max_bytes=1)
+    body["topics"][0]["partitions"][0]["partition_max_bytes"] = 1
+    r = await rpc.call(b.address, "fetch", body)
+    assert len(part(r)["records"]) == len(one)  # at least one whole batch, so a consumer always progresses
+    body = fetch_body(0)
+    body["topics"][0]["partitions"][0]["partition_max_bytes"] = 2 * len(one) + 5
+    assert len(part(await rpc.call(b.address, "fetch", body))["records"]) == 2 * len(one)
+
+
+async def test_reregisters_after_stale_heartbeat(start_broker: StartBroker, controller: FakeController) -> None:
+    b = await start_broker()
+    first = controller.brokers[1].broker_epoch
+    assert b.rm is not None and b.rm.broker_epoch == first
+    controller.brokers[1].broker_epoch = -5  # the controller forgot this incarnation: heartbeats get STALE
+    deadline = asyncio.get_running_loop().time() + 30
+    while b.rm.broker_epoch in (first, -1) or controller.brokers[1].broker_epoch < 0:
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.02)
+    assert b.rm.broker_epoch == controller.brokers[1].broker_epoch > first
+    assert controller.brokers[1].incarnation_id == b.link.incarnation_id if b.link else False
