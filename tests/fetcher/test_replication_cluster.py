@@ -77,12 +77,12 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
         await controller.close()
 
 
-async def produce_batch(c: Cluster, tp: TopicPartition, batch_no: int) -> None:
-    """Send one batch with acks=all to the current leader until acknowledged (bounded retries)."""
+async def produce_batch(c: Cluster, tp: TopicPartition, batch_no: int, acks: int = -1) -> None:
+    """Send one batch (acks=all by default) to the current leader until acknowledged (bounded retries)."""
     from storage.record_batch import build_batch
 
     records = build_batch([(None, v) for v in values_for(tp, batch_no)], timestamp_ms=1_700_000_000_000)
-    body = {"acks": -1, "timeout_ms": 10_000,
+    body = {"acks": acks, "timeout_ms": 10_000,
             "topics": [{"topic": tp.topic, "partitions": [{"partition": tp.partition, "records": records}]}]}
     last: object = None
     for _ in range(300):
@@ -160,8 +160,6 @@ def read_batches(data_dir: Path, tp: TopicPartition, upto: int) -> bytes:
 
 
 async def test_replication_with_moving_leadership(cluster: Cluster, tmp_path: Path) -> None:
-    from storage.record_batch import decode_records, iter_batches
-
     c = cluster
     for i, tp in enumerate(TPS):
         await c.controller.elect(tp, leader=1 + i, replicas=[1, 2, 3], topic_configs=TOPIC_CONFIGS)
@@ -175,12 +173,82 @@ async def test_replication_with_moving_leadership(cluster: Cluster, tmp_path: Pa
     for tp in TPS:
         replicas = [read_batches(tmp_path / f"broker{n}", tp, hws[tp]) for n in (1, 2, 3)]
         assert replicas[0] == replicas[1] == replicas[2], f"{tp}: replicas differ below the HW"
-        by_offset: dict[int, bytes | None] = {}
-        for pos, header in iter_batches(replicas[0]):
-            for r in decode_records(replicas[0], pos):
-                by_offset[header.base_offset + r.offset_delta] = r.value
         assert len(c.acked[tp]) == per_partition
-        for base, batch_no in c.acked[tp]:
-            expected = values_for(tp, batch_no)
-            got = [by_offset.get(base + i) for i in range(PER_BATCH)]
-            assert got == expected, f"{tp}: batch {batch_no} acknowledged at {base} is not there"
+        assert_acked_in_place(replicas[0], tp, c.acked[tp])
+
+
+async def test_deposed_leader_truncates_its_uncommitted_tail(cluster: Cluster, tmp_path: Path) -> None:
+    """Broker 1 leads, its followers freeze, it appends an acks=1 tail nobody has; broker 2 takes over
+    (epoch 1) and writes its own records at those offsets. Back as a follower, broker 1 must cut its tail
+    by leader epoch (not by HW) and end byte-identical to the new leader."""
+    from tests.fake_controller import FakePartition
+    from tests.procs import pause, resume
+
+    c = cluster
+    tp = TPS[0]
+    await c.controller.elect(tp, leader=1, replicas=[1, 2, 3], topic_configs=TOPIC_CONFIGS)
+    for batch_no in range(5):
+        await produce_batch(c, tp, batch_no)
+    committed = c.acked[tp][-1][0] + PER_BATCH
+    await wait_converged_partition(c, tp)
+
+    pause(c.brokers[2])
+    pause(c.brokers[3])
+    try:
+        for batch_no in range(5, 8):  # acks=1: only broker 1 has these
+            await produce_batch(c, tp, batch_no, acks=1)
+    finally:
+        pause(c.brokers[1])
+        resume(c.brokers[2])
+        resume(c.brokers[3])
+    try:
+        part = FakePartition(replicas=[1, 2, 3], leader=2, leader_epoch=1, isr=[2, 3], partition_epoch=5)
+        c.controller.partitions[tp] = part
+        for n in (2, 3):
+            await c.controller.send_leader_and_isr(c.address(n), [part.state(tp)], topic_configs=TOPIC_CONFIGS)
+        for batch_no in range(100, 103):
+            await produce_batch(c, tp, batch_no)
+    finally:
+        resume(c.brokers[1])
+    await c.controller.send_leader_and_isr(c.address(1), [c.controller.partitions[tp].state(tp)],
+                                           topic_configs=TOPIC_CONFIGS)
+    views = await wait_converged_partition(c, tp)
+    hw = views[2]["high_watermark"]
+    # Broker 2 may have fetched part of the tail before it froze: the cut is where ITS epoch 0 ends.
+    (new_leader,) = [e for e in c.brokers[2].events("became_leader") if e.get("leader_epoch") == 1]
+    truncations = [e for e in c.brokers[1].events("follower_truncated") if e.get("topic") == tp.topic]
+    assert truncations and truncations[0]["to_offset"] == new_leader["log_end_offset"]
+    assert truncations[0]["from_offset"] == committed + 3 * PER_BATCH > truncations[0]["to_offset"]
+    assert truncations[0]["reason"] == "offsets_for_leader_epoch:leader_epoch_end_offset"
+    await asyncio.to_thread(c.procs.close)
+    replicas = [read_batches(tmp_path / f"broker{n}", tp, hw) for n in (1, 2, 3)]
+    assert replicas[0] == replicas[1] == replicas[2]
+    assert_acked_in_place(replicas[0], tp, [(base, b) for base, b in c.acked[tp] if b < 5 or b >= 100])
+
+
+def assert_acked_in_place(data: bytes, tp: TopicPartition, acked: list[tuple[int, int]]) -> None:
+    from storage.record_batch import decode_records, iter_batches
+
+    by_offset: dict[int, bytes | None] = {}
+    for pos, header in iter_batches(data):
+        for r in decode_records(data, pos):
+            by_offset[header.base_offset + r.offset_delta] = r.value
+    for base, batch_no in acked:
+        got = [by_offset.get(base + i) for i in range(PER_BATCH)]
+        assert got == values_for(tp, batch_no), f"{tp}: batch {batch_no} acknowledged at {base} is not there"
+
+
+async def wait_converged_partition(c: Cluster, tp: TopicPartition,
+                                   timeout_s: float = 60) -> dict[int, dict[str, Any]]:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    view: dict[int, dict[str, Any]] = {}
+    while asyncio.get_running_loop().time() < deadline:
+        view = {}
+        for n in c.brokers:
+            for p in (await c.status(n))["partitions"]:
+                if (p["topic"], p["partition"]) == tp:
+                    view[n] = p
+        if len(view) == 3 and len({(p["log_end_offset"], p["high_watermark"]) for p in view.values()}) == 1:
+            return view
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{tp} did not converge: {view}")
