@@ -25,6 +25,7 @@ from common.wire import TopicPartition
 log = get_logger("broker")
 
 RETRY_BACKOFF_S = 0.2
+SHUTDOWN_CALL_TIMEOUT_MS = 5_000  # one unanswered controlled-shutdown call: give up and stop anyway
 
 
 class ControllerLink:
@@ -63,11 +64,17 @@ class ControllerLink:
                 await self._heartbeat()
             await asyncio.sleep(interval_s if self._rm.broker_epoch >= 0 else RETRY_BACKOFF_S * 5)
 
+    def _liveness_timeout_s(self) -> float:
+        """A heartbeat answered later than the session timeout is useless: do not wait longer."""
+        return min(self._config.get_int("broker.session.timeout.ms"),
+                   self._config.get_int("replica.socket.timeout.ms")) / 1000
+
     async def _register(self) -> None:
         body = {"node_id": self._rm.broker_id, "host": self._host, "port": self._port,
                 "incarnation_id": self.incarnation_id}
         try:
-            resp = await self._rpc.call(self._controller, "broker_registration", body)
+            resp = await self._rpc.call(self._controller, "broker_registration", body,
+                                        timeout_s=self._liveness_timeout_s())
         except RpcError as exc:
             log.warning("registration_failed", broker_id=self._rm.broker_id, controller=self._controller,
                         error=str(exc))
@@ -85,7 +92,8 @@ class ControllerLink:
     async def _heartbeat(self, want_shutdown: bool = False) -> dict[str, Any] | None:
         body = {"node_id": self._rm.broker_id, "broker_epoch": self._rm.broker_epoch, "want_shutdown": want_shutdown}
         try:
-            resp = await self._rpc.call(self._controller, "broker_heartbeat", body)
+            resp = await self._rpc.call(self._controller, "broker_heartbeat", body,
+                                        timeout_s=self._liveness_timeout_s())
         except RpcError as exc:
             log.warning("heartbeat_failed", broker_id=self._rm.broker_id, error=str(exc))
             return None
@@ -129,7 +137,7 @@ class ControllerLink:
             remaining_ms = deadline - self._clock.monotonic_ms()
             try:
                 resp = await self._rpc.call(self._controller, "controlled_shutdown", body,
-                                            timeout_s=max(0.1, remaining_ms / 1000))
+                                            timeout_s=max(0.1, min(remaining_ms, SHUTDOWN_CALL_TIMEOUT_MS) / 1000))
             except RpcError as exc:
                 log.warning("controlled_shutdown_failed", broker_id=self._rm.broker_id, error=str(exc))
                 return False
