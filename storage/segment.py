@@ -16,11 +16,13 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import struct
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.clock import Clock
 from storage import index as ix
 from storage.index import IndexRule, SparseIndex
 from storage.record_batch import (
@@ -33,18 +35,13 @@ from storage.record_batch import (
     parse_header,
 )
 
-SCAN_CHUNK_BYTES = 64 * 1024
+SCAN_CHUNK_BYTES = 8 * 1024
 EpochLookup = Callable[[int], int | None]
 
 
-@dataclass(frozen=True, slots=True)
-class BatchMeta:
-    """What the segment needs to know about one batch it appends."""
-
-    base_offset: int
-    size: int
-    max_timestamp: int
-    next_offset: int
+BatchMeta = tuple[int, int, int, int]
+"""What a segment needs to know about a batch it appends: (base_offset, size, max_timestamp, next_offset).
+A plain tuple: the append path is per batch and a dataclass costs a microsecond."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,31 +156,30 @@ class LogSegment:
         return RecoveryResult(pos, size - pos, count, reason)
 
     # ---- appending -----------------------------------------------------------------------------------------
-    def should_roll(self, append_bytes: int, max_timestamp: int, now_ms: int, segment_bytes: int,
+    def should_roll(self, append_bytes: int, max_timestamp: int, clock: Clock, segment_bytes: int,
                     segment_ms: int, last_offset: int) -> bool:
         """Kafka's ``LogSegment.shouldRoll``: size, age (by first batch timestamp) or offset overflow."""
         if self.size == 0:
             return False
-        if self.size > segment_bytes - append_bytes:
+        if self.size > segment_bytes - append_bytes or last_offset - self.base_offset > 0xFFFFFFFF:
             return True
-        if self.first_batch_timestamp is not None and self.first_batch_timestamp >= 0:
-            waited = max_timestamp - self.first_batch_timestamp
-        else:
-            waited = now_ms - self.created_ms
-        return waited > segment_ms or last_offset - self.base_offset > 0xFFFFFFFF
+        first_ts = self.first_batch_timestamp
+        if first_ts is not None and first_ts >= 0:
+            return max_timestamp - first_ts > segment_ms
+        return clock.now_ms() - self.created_ms > segment_ms
 
     def append(self, chunks: Sequence[bytes | memoryview], nbytes: int, metas: Sequence[BatchMeta]) -> None:
         """Write the batches (already stamped or copied) and index them in memory."""
         write_all(self.fd, chunks, nbytes, self.size)
         pos = self.size
         rule, offsets, times = self.rule, self.offsets, self.times
-        for m in metas:
-            rule.on_batch(offsets, times, m.base_offset, pos, m.size, m.max_timestamp)
-            pos += m.size
+        for base, size, max_ts, _ in metas:
+            rule.on_batch(offsets, times, base, pos, size, max_ts)
+            pos += size
         if self.first_batch_timestamp is None:
-            self.first_batch_timestamp = metas[0].max_timestamp
+            self.first_batch_timestamp = metas[0][2]
         self.size = pos
-        self.next_offset = metas[-1].next_offset
+        self.next_offset = metas[-1][3]
         self.unflushed = True
 
     # ---- reading -------------------------------------------------------------------------------------------
@@ -223,36 +219,31 @@ class LogSegment:
         if start >= self.next_offset:
             return None
         offsets = self.offsets
-        i = offsets.floor(start)
-        first_pos = offsets.values[i] if i >= 0 else 0
+        positions = offsets.values
+        i = bisect_right(offsets.keys, start) - 1
+        first_pos = positions[i] if i >= 0 else 0
         budget = first_pos + max_bytes
         if self.size <= budget and self.next_offset <= limit:
             end = self.size
+        elif i + 1 < len(positions) and positions[i + 1] > budget:
+            end = -1  # not even the next index entry fits: the region path below
         else:
-            j = min(bisect_right_values(offsets, budget), offsets.floor(limit))
-            end = offsets.values[j] if j > i else -1
+            j = min(bisect_right(positions, budget), bisect_right(offsets.keys, limit)) - 1
+            end = positions[j] if j > i else -1
         if end > first_pos:
             data = os.pread(self.fd, end - first_pos, first_pos)
-            h = parse_header(data)
-            if h.last_offset >= start:
-                return data
-            return _skip_to(data, start)
-        return self._read_slow(start, first_pos, max_bytes, limit, min_one_batch)
-
-    def _read_slow(self, start: int, from_pos: int, max_bytes: int, limit: int, min_one_batch: bool) -> bytes:
-        first = -1
-        end = -1
-        for pos, h in self.scan(from_pos):
-            if first < 0:
-                if h.last_offset < start:
-                    continue
-                if h.next_offset > limit or (h.size > max_bytes and not min_one_batch):
-                    return b""
-                first = pos
-            elif h.next_offset > limit or pos + h.size - first > max_bytes:
-                break
-            end = pos + h.size
-        return os.pread(self.fd, end - first, first) if first >= 0 else b""
+            if _BASE_LEN.unpack_from(data)[0] + _LAST_DELTA.unpack_from(data, 23)[0] >= start:
+                return data  # the common case: no copy, no scan
+            first, end = _walk(data, start, len(data), limit, True)
+            return data[first:end] if first >= 0 else b""
+        # No index entry after the first fits: the batch holding ``start`` lies in the region up to the
+        # next entry (or the end); read that region once and walk its headers in memory.
+        region_end = offsets.values[i + 1] if i + 1 < len(offsets) else self.size
+        region = os.pread(self.fd, region_end - first_pos, first_pos)
+        first, end = _walk(region, start, max_bytes, limit, min_one_batch)
+        if first < 0:
+            return b""
+        return region if first == 0 and end == len(region) else region[first:end]
 
     def find_timestamp(self, ts: int, min_offset: int = 0) -> tuple[int, int, int] | None:
         """(timestamp, offset, leader_epoch) of the first record at or after ``min_offset`` with timestamp >= ts."""
@@ -320,19 +311,31 @@ class LogSegment:
             path.unlink(missing_ok=True)
 
 
-def bisect_right_values(idx: SparseIndex, value: int) -> int:
-    """Index of the last entry with position <= value, or -1."""
-    return bisect_right(idx.values, value) - 1
+_BASE_LEN = struct.Struct(">qi")
+_LAST_DELTA = struct.Struct(">i")
 
 
-def _skip_to(data: bytes, start: int) -> bytes:
-    pos = 0
-    while pos < len(data):
-        h = parse_header(data, pos)
-        if h.last_offset >= start:
-            return data[pos:]
-        pos += h.size
-    return b""
+def _walk(buf: bytes, start: int, max_bytes: int, limit: int, min_one_batch: bool) -> tuple[int, int]:
+    """[first, end) of the whole batches in ``buf`` to return for a read; (-1, -1) if none."""
+    pos, n, first, end = 0, len(buf), -1, -1
+    while n - pos >= HEADER_SIZE:
+        base, length = _BASE_LEN.unpack_from(buf, pos)
+        size = length + 12
+        if length < MIN_BATCH_LENGTH or pos + size > n:
+            break
+        next_offset = base + _LAST_DELTA.unpack_from(buf, pos + 23)[0] + 1
+        if first < 0:
+            if next_offset <= start:
+                pos += size
+                continue
+            if next_offset > limit or (size > max_bytes and not min_one_batch):
+                return -1, -1
+            first = pos
+        elif next_offset > limit or pos + size - first > max_bytes:
+            break
+        end = pos + size
+        pos += size
+    return first, end
 
 
 def _check(buf: mmap.mmap, pos: int, expected: int, epoch_of: EpochLookup | None) -> str | None:

@@ -1,0 +1,72 @@
+"""``minibroker dump-log`` and ``minibroker perf storage`` through the real CLI entry point."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cli.main import main
+from tests.storage.helpers import batch, open_log
+
+
+def _log_dir(tmp_path: Path) -> Path:
+    pdir = tmp_path / "orders-0"
+    log = open_log(pdir, segment_bytes=1000)
+    for i in range(5):
+        log.append_as_leader(batch(2, size=100, tag=i), 3)
+    log.close()
+    return pdir
+
+
+def test_dump_log_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pdir = _log_dir(tmp_path)
+    capsys.readouterr()  # drop the log lines of the setup
+    assert main(["dump-log", str(pdir)]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(x["base_offset"], x["last_offset"]) for x in lines] == [(i, i + 1) for i in range(0, 10, 2)]
+    first = lines[0]
+    assert first["valid"] is True and first["leader_epoch"] == 3 and first["record_count"] == 2
+    for key in ("position", "size", "crc", "first_timestamp", "max_timestamp", "producer_id", "producer_epoch",
+                "base_sequence"):
+        assert key in first
+    assert "records" not in first
+
+
+def test_dump_log_records_and_a_bad_batch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pdir = _log_dir(tmp_path)
+    seg = sorted(pdir.glob("*.log"))[0]
+    data = bytearray(seg.read_bytes())
+    data[-1] ^= 0xFF
+    seg.write_bytes(bytes(data) + b"\x00" * 10)
+    capsys.readouterr()
+    assert main(["dump-log", str(seg), "--records"]) == 1
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines[0]["valid"] is True
+    assert lines[0]["records"][1] == {"offset": 1, "timestamp": lines[0]["first_timestamp"] + 1, "key": "k",
+                                      "value": "\x00" * 100, "headers": []}
+    assert lines[-2]["valid"] is False and "CrcMismatchError" in lines[-2]["error"]
+    assert lines[-1]["valid"] is False and "partial batch header" in lines[-1]["error"]
+
+
+def test_dump_log_missing_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["dump-log", str(tmp_path / "nope")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_perf_storage_prints_figures(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "cli.main", "perf", "storage", "--dir", str(tmp_path),
+                          "--total-mib", "1", "--batch-sizes", "16384", "--repeat", "1"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "append" in out and "read 1 MiB fetches" in out and "ratio" in out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_help() -> None:
+    for args in (["dump-log", "--help"], ["perf", "storage", "--help"]):
+        with pytest.raises(SystemExit) as info:
+            main(args)
+        assert info.value.code == 0
