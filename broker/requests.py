@@ -8,6 +8,7 @@ an absurd value.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,16 @@ from common.wire import (
 )
 
 MAX_PARTITIONS_PER_REQUEST = 10_000
+MAX_TOPIC_LENGTH = 249
+_TOPIC_RE = re.compile(r"[a-zA-Z0-9._-]+")
+
+
+def topic_name(body: Mapping[str, Any], name: str = "topic") -> str:
+    """A topic name with Kafka's legal characters (it becomes a directory name on disk)."""
+    topic = field(body, name, str)
+    if not _TOPIC_RE.fullmatch(topic) or len(topic) > MAX_TOPIC_LENGTH or topic in (".", ".."):
+        raise BadRequest(f"invalid topic name {topic[:60]!r}: use [a-zA-Z0-9._-], at most {MAX_TOPIC_LENGTH}")
+    return topic
 MAX_WAIT_MS = 5 * 60 * 1000
 MAX_TIMEOUT_MS = 5 * 60 * 1000
 
@@ -152,7 +163,7 @@ def _partition_states(body: Mapping[str, Any]) -> list[PartitionStateMsg]:
     out = []
     for p in map_items(list_field(body, "partition_states", []), "partition_states"):
         out.append(PartitionStateMsg(
-            tp=TopicPartition(field(p, "topic", str), int_field(p, "partition", lo=0, hi=MAX_INT32)),
+            tp=TopicPartition(topic_name(p), int_field(p, "partition", lo=0, hi=MAX_INT32)),
             leader=int_field(p, "leader", lo=-1, hi=MAX_INT32),
             leader_epoch=int_field(p, "leader_epoch", lo=-1, hi=MAX_INT32),
             isr=tuple(int_list(p, "isr")),
@@ -175,7 +186,7 @@ def _topic_configs(body: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     raw = field(body, "topic_configs", dict, {})
     out: dict[str, dict[str, Any]] = {}
     for topic, cfg in raw.items():
-        if not isinstance(topic, str) or not isinstance(cfg, dict):
+        if not isinstance(topic, str) or not isinstance(cfg, dict) or not all(isinstance(k, str) for k in cfg):
             raise BadRequest("topic_configs must map topic names to maps")
         out[topic] = cfg
     return out
@@ -216,7 +227,7 @@ class StopReplicaPartition:
 
 def parse_stop_replica(body: Mapping[str, Any]) -> tuple[ControlHeader, list[StopReplicaPartition]]:
     parts = [
-        StopReplicaPartition(TopicPartition(field(p, "topic", str), int_field(p, "partition", lo=0, hi=MAX_INT32)),
+        StopReplicaPartition(TopicPartition(topic_name(p), int_field(p, "partition", lo=0, hi=MAX_INT32)),
                              int_field(p, "leader_epoch", -1, lo=-2, hi=MAX_INT32), field(p, "delete", bool, False))
         for p in map_items(list_field(body, "partitions"), "partitions")
     ]

@@ -235,3 +235,15 @@ async def test_reregisters_after_stale_heartbeat(start_broker: StartBroker, cont
         await asyncio.sleep(0.02)
     assert b.rm.broker_epoch == controller.brokers[1].broker_epoch > first
     assert controller.brokers[1].incarnation_id == b.link.incarnation_id if b.link else False
+
+
+@pytest.mark.parametrize("topic", ["../evil", "a/b", "", ".", "x" * 250, "t\x00"])
+async def test_control_requests_refuse_bad_topic_names(start_broker: StartBroker, controller: FakeController,
+                                                       rpc: RpcClient, topic: str) -> None:
+    b = await start_broker()
+    state = {"topic": topic, "partition": 0, "leader": 1, "leader_epoch": 0, "isr": [1], "partition_epoch": 0,
+             "replicas": [1]}
+    with pytest.raises(RpcBadRequest):
+        await controller.send_leader_and_isr(b.address, [state])
+    assert sorted(p.name for p in b.opts.data_dir.iterdir() if p.is_dir()) == []
+    assert not (b.opts.data_dir.parent / "evil-0").exists()
