@@ -59,6 +59,13 @@ class ReplicaFetcherManager:
         """Fetch each partition from its leader (replacing any earlier assignment of it)."""
         by_key: dict[FetcherKey, dict[TopicPartition, InitialFetchState]] = {}
         for tp, initial in states.items():
+            if initial.leader.broker_id < 0 or initial.leader.broker_id == self._partitions.broker_id:
+                # An offline partition (leader -1) or ourselves: nothing to fetch from.
+                log.warning("fetcher_partition_not_added", broker_id=self._partitions.broker_id, topic=tp.topic,
+                            partition=tp.partition, leader=initial.leader.broker_id,
+                            leader_epoch=initial.leader_epoch)
+                self.remove_partitions([tp])
+                continue
             key = (initial.leader.broker_id, self.fetcher_id(tp))
             if self._owner.get(tp) not in (None, key):
                 self.remove_partitions([tp])

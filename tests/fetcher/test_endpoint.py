@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -9,9 +11,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from common.clock import SystemClock
 from common.errors import ErrorCode
 from common.wire import CONTENT_TYPE, TopicPartition, decode, encode
-from fetcher.api import BrokerEndpoint
+from fetcher.api import BrokerEndpoint, InitialFetchState
 from fetcher.endpoint import (
     EARLIEST_TIMESTAMP,
     EpochRequest,
@@ -21,6 +24,7 @@ from fetcher.endpoint import (
     LeaderUnavailableError,
 )
 from fetcher.state import EpochEndOffset
+from fetcher.task import FetcherConfig, FetcherTask
 
 A, B, C = TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b", 0)
 
@@ -140,3 +144,84 @@ async def test_connection_refused() -> None:
             await endpoint.fetch(fetch_request())
     finally:
         await endpoint.close()
+
+
+class LongPollLeader:
+    """A leader over real HTTP whose fetch long-polls (answers nothing) until released."""
+
+    def __init__(self) -> None:
+        self.fetch_bodies: list[dict[str, Any]] = []
+        self.release = asyncio.Event()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        api = request.match_info["api"]
+        body = decode(await request.read())
+        if api == "fetch":
+            self.fetch_bodies.append(body)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.release.wait(), body["max_wait_ms"] / 1000)
+            answer: dict[str, Any] = {"error": 0, "topics": [
+                {"topic": t["topic"], "partitions": [
+                    {"partition": p["partition"], "error": 0, "high_watermark": 0, "log_start_offset": 0,
+                     "log_end_offset": 0, "diverging_epoch": None, "records": b""} for p in t["partitions"]]}
+                for t in body["topics"]]}
+        else:  # offsets_for_leader_epoch: the follower's logs are empty, so it is never asked
+            answer = {"topics": []}
+        return web.Response(body=encode(answer), content_type=CONTENT_TYPE)
+
+
+class EmptyLogs:
+    """FollowerPartitions over empty logs (a log-like object with nothing in it)."""
+
+    broker_id = 2
+    broker_epoch = 3
+
+    class _Log:
+        log_start_offset = 0
+        log_end_offset = 0
+
+        def latest_epoch(self) -> None:
+            return None
+
+    def follower_log(self, tp: TopicPartition, leader_epoch: int) -> Any:
+        return self._Log()
+
+    def on_follower_appended(self, tp: TopicPartition, leader_high_watermark: int,
+                             leader_log_start_offset: int) -> None:
+        pass
+
+    def on_follower_truncated(self, tp: TopicPartition, offset: int, reason: str) -> None:
+        raise AssertionError("nothing to truncate")
+
+
+async def test_added_partition_interrupts_http_long_poll_and_stop_is_clean() -> None:
+    leader = LongPollLeader()
+    app = web.Application()
+    app.router.add_post("/v1/{api}", leader.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    broker = BrokerEndpoint(1, "127.0.0.1", runner.addresses[0][1])
+    task = FetcherTask(0, HttpLeaderEndpoint(broker, timeout_ms=5_000), EmptyLogs(),
+                       FetcherConfig(wait_max_ms=30_000, backoff_ms=50), SystemClock())
+    try:
+        task.add_partitions({A: InitialFetchState(broker, 0, 0)})
+        task.start()
+        for _ in range(500):
+            if leader.fetch_bodies:
+                break
+            await asyncio.sleep(0.01)
+        assert len(leader.fetch_bodies) == 1
+        task.add_partitions({B: InitialFetchState(broker, 0, 0)})  # while the first fetch long-polls
+        for _ in range(500):
+            if len(leader.fetch_bodies) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        assert task.stats.fetches_interrupted == 1
+        parts = {(t["topic"], p["partition"]) for t in leader.fetch_bodies[-1]["topics"] for p in t["partitions"]}
+        assert parts == {("a", 0), ("a", 1)}
+    finally:
+        await task.stop()
+        leader.release.set()
+        await runner.cleanup()
+    assert not task.running

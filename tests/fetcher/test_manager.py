@@ -150,3 +150,12 @@ async def test_same_epoch_re_add_keeps_state() -> None:
     m.add_partitions({a: InitialFetchState(L1, 1, 0)})
     assert m.fetch_state(a) is before
     await m.shutdown()
+
+
+async def test_offline_or_self_leader_is_not_fetched() -> None:
+    m = manager()
+    a, b = TopicPartition("t", 0), TopicPartition("t", 1)
+    m.add_partitions({a: InitialFetchState(BrokerEndpoint(-1, "", 0), 1, 0),
+                      b: InitialFetchState(BrokerEndpoint(5, "127.0.0.1", 9005), 1, 0)})  # 5 = this broker
+    assert m.tasks() == {} and m.fetch_state(a) is None and m.fetch_state(b) is None
+    await m.shutdown()

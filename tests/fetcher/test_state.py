@@ -110,3 +110,9 @@ def test_partition_states_rotate() -> None:
     assert states.remove(c) is not None and c not in states
     states.set(a, PartitionFetchState.initial(5, 1, None).parked(50))
     assert states.next_wakeup_ms(10) == 50 and states.next_wakeup_ms(60) is None
+
+
+def test_leader_end_offset_without_epoch_keeps_only_what_lies_below_it() -> None:
+    # the broker's diverging_epoch when the leader has no epoch <= ours: {epoch: -1, end_offset: log start}
+    d = decide_truncation(EpochEndOffset(-1, 40), UNDEF, log_end_offset=100, high_watermark=90)
+    assert (d.offset, d.completed) == (40, True)
