@@ -152,6 +152,27 @@ async def test_acked_lines_survive_a_leader_sigkill_and_restart(cluster_dir: tup
                 firsts.append(int(r["value"].split("-")[1]))
         assert firsts == sorted(firsts), f"partition {p} out of send order"
     doc = await describe(base)
+    for part in doc["topics"][0]["partitions"]:
+        states = {s["broker"]: s for s in part["replica_states"]}
+        assert sorted(states) == sorted(part["replicas"])
+        offsets = [r["offset"] for r in consumed if r["partition"] == part["partition"]]
+        assert states[part["leader"]]["hw"] == (max(offsets) + 1 if offsets else 0)
+        assert states[part["leader"]]["leo"] >= states[part["leader"]]["hw"]
     new_leader = doc["topics"][0]["partitions"][0]["leader"]
     print(f"acked {len(acked)} of {LINES}, consumed {len(consumed)}; leader of {TOPIC}-0: {victim} -> {new_leader}",
           file=sys.stderr)
+
+
+async def test_demo_runs_end_to_end(tmp_path: Path) -> None:
+    """The README's main job: `minibroker demo` on its own cluster, exit 0 and a summary with no loss."""
+    base = free_base_port()
+    data_dir = tmp_path / "demo"
+    try:
+        status, out, err = await run("demo", "--records", "1500", "--base-port", str(base), "--data-dir",
+                                     str(data_dir), timeout_s=170)
+        assert status == 0, out + err
+        assert "acknowledged but lost:   0" in out
+        assert "SIGKILL broker" in out and "-> SIGKILL -> broker" in out
+        assert "stopping the cluster" in out
+    finally:
+        kill_recorded(data_dir)
