@@ -196,7 +196,9 @@ class Controller:
         changed_tps = [c.tp for c in plan.changes]
         changed_topics = [r.name for r in plan.records if isinstance(r, TopicRecord)]
         for b in self.image.unfenced():
-            mine = lai.get(b, [])
+            # a broker in controlled shutdown gets no LeaderAndIsr: made a follower, it would start
+            # fetching from the new leader just before exiting and look like an ISR candidate there
+            mine = [] if b in self.shutting_down else lai.get(b, [])
             self.propagator.enqueue(b, partitions=[tp for tp in mine if tp not in new_tps], metadata=True,
                                     metadata_tps=changed_tps, metadata_topics=changed_topics,
                                     stop=stops.get(b), deleted_topics=deleted)

@@ -270,6 +270,9 @@ async def test_controlled_shutdown(h: Harness) -> None:
         assert part["partition_epoch"] == 1
     md = await h.call("metadata", {"topics": None})
     assert [b["node_id"] for b in md["brokers"]] == [2], "a broker that finished its shutdown is fenced"
+    await eventually(lambda: all((h.brokers[2].latest("t", p) or {}).get("partition_epoch") == 1 for p in (0, 1)),
+                     what="LeaderAndIsr at the broker staying")
+    assert all(s["partition_epoch"] == 0 for s in h.brokers[1].states()), "none to the broker shutting down"
     assert not (await h.heartbeat(1))["error"] and h.c.image.brokers[1].fenced  # and stays fenced until it exits
     hb = await h.heartbeat(1, want_shutdown=True)
     assert hb["should_shutdown"] and hb["is_fenced"]
