@@ -599,13 +599,15 @@ class ReplicaManager:
         return out
 
     def _check_fetch_partition(self, req: FetchRequest, p: Partition, fp: FetchPartitionRequest) -> ErrorCode:
-        if not p.is_leader:
-            return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        # Kafka checks the leader epoch before leadership (localLogOrException): a fetcher ahead of us
+        # learns UNKNOWN_LEADER_EPOCH (retry), one behind FENCED_LEADER_EPOCH (wait for metadata).
         cle = fp.current_leader_epoch
         if cle >= 0 and cle < p.state.leader_epoch:
             return ErrorCode.FENCED_LEADER_EPOCH
         if cle > p.state.leader_epoch:
             return ErrorCode.UNKNOWN_LEADER_EPOCH
+        if not p.is_leader:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
         if req.is_follower and (req.replica_id == self.broker_id or req.replica_id not in p.state.replicas):
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
         return ErrorCode.NONE
@@ -654,12 +656,12 @@ class ReplicaManager:
         p = self.partitions.get(tp)
         if p is None:
             return None, self._unknown_or_not_leader(tp)
-        if not p.is_leader:
-            return None, ErrorCode.NOT_LEADER_OR_FOLLOWER
         if 0 <= current_leader_epoch < p.state.leader_epoch:
             return None, ErrorCode.FENCED_LEADER_EPOCH
         if current_leader_epoch > p.state.leader_epoch:
             return None, ErrorCode.UNKNOWN_LEADER_EPOCH
+        if not p.is_leader:
+            return None, ErrorCode.NOT_LEADER_OR_FOLLOWER
         return p, ErrorCode.NONE
 
     def list_offsets(self, replica_id: int, parts: dict[TopicPartition, ListOffsetsPartition]
