@@ -26,7 +26,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from client.accumulator import ProducerBatch, RecordAccumulator
+from client.accumulator import ProducerBatch, RecordAccumulator, record_size
 from client.errors import DeliveryTimeoutError, NoBrokersAvailableError, ProducerClosedError
 from client.metadata import MetadataCache, parse_bootstrap
 from client.partitioner import StickyPartitioner
@@ -183,6 +183,13 @@ class Producer:
         or ``buffer.memory`` full): then use ``send``. Raises for a partition the topic does not have."""
         if self._closed:
             raise ProducerClosedError("producer is closed")
+        if not (value is None or isinstance(value, bytes)) or not (key is None or isinstance(key, bytes)):
+            raise TypeError(f"key and value must be bytes or None, got {type(key).__name__} and "
+                            f"{type(value).__name__}")
+        size = record_size(key, value)
+        if size > self.config.max_request_size:
+            raise error_for(ErrorCode.MESSAGE_TOO_LARGE,
+                            f"a {size}-byte record is larger than max.request.size={self.config.max_request_size}")
         num_partitions = self.metadata.current.partition_counts.get(topic)
         if num_partitions is None or self._acc.buffered_bytes >= self.config.buffer_memory or self._sender is None:
             return None

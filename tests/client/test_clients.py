@@ -225,3 +225,13 @@ async def test_the_package_docstring_example_runs(fake: FakeCluster, capsys: pyt
     await scope["main"]()  # type: ignore[operator]
     out = capsys.readouterr().out
     assert "written at" in out and "b'user-1' b'hello'" in out
+
+
+async def test_bad_records_are_refused_at_send(fake: FakeCluster) -> None:
+    async with Producer(fake.bootstrap, fast(max_request_size=1_000)) as producer:
+        with pytest.raises(TypeError, match="bytes or None"):
+            await producer.send(TOPIC, "text")  # type: ignore[arg-type]
+        with pytest.raises(MinibrokerError) as info:
+            await producer.send(TOPIC, b"x" * 2_000)
+        assert info.value.code is ErrorCode.MESSAGE_TOO_LARGE
+        assert (await producer.send_and_wait(TOPIC, b"fine", partition=0)).offset == 0
