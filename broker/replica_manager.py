@@ -90,6 +90,7 @@ class ReplicaManager:
         self._state_lock = asyncio.Lock()
         self._restored_hws: dict[TopicPartition, int] = {}
         self._isr_backoff_until: dict[TopicPartition, int] = {}
+        self._fetching: set[TopicPartition] = set()  # partitions handed to the fetcher manager
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._closing = False
@@ -268,8 +269,7 @@ class ReplicaManager:
     def _make_leader(self, p: Partition, msg: PartitionStateMsg) -> None:
         """Kafka ``makeLeader``: stop fetching, record (epoch, LEO) in the epoch cache, then lead."""
         tp = p.tp
-        if self.fetcher is not None:
-            self.fetcher.remove_partitions([tp])
+        self._stop_fetching([tp])
         was_leader_same_epoch = p.is_leader and p.state.leader_epoch == msg.leader_epoch
         self._isr_backoff_until.pop(tp, None)
         leo = p.log_end_offset
@@ -294,10 +294,15 @@ class ReplicaManager:
         """Kafka ``makeFollower``: stop fetching first, then fetch from the new leader (the fetcher
         truncates by leader epoch; never blindly to the HW)."""
         tp = p.tp
-        if self.fetcher is not None:
-            self.fetcher.remove_partitions([tp])
         same_leader = (p.state.role is ps.Role.FOLLOWER and p.state.leader == msg.leader
                        and p.state.leader_epoch == msg.leader_epoch)
+        if same_leader and tp in self._fetching:
+            # An ISR-only update (newer partition epoch): keep the running fetch, as Kafka does.
+            p.state = ps.become_follower(p.state, leader=msg.leader, leader_epoch=msg.leader_epoch,
+                                         partition_epoch=msg.partition_epoch, isr=msg.isr, replicas=msg.replicas,
+                                         log_end_offset=p.log_end_offset)
+            return
+        self._stop_fetching([tp])
         p.state = ps.become_follower(p.state, leader=msg.leader, leader_epoch=msg.leader_epoch,
                                      partition_epoch=msg.partition_epoch, isr=msg.isr, replicas=msg.replicas,
                                      log_end_offset=p.log_end_offset)
@@ -316,6 +321,12 @@ class ReplicaManager:
             return
         endpoint = BrokerEndpoint(leader.node_id, leader.host, leader.port)
         self.fetcher.add_partitions({tp: InitialFetchState(endpoint, msg.leader_epoch, p.log_end_offset)})
+        self._fetching.add(tp)
+
+    def _stop_fetching(self, tps: list[TopicPartition]) -> None:
+        if self.fetcher is not None:
+            self.fetcher.remove_partitions(tps)
+        self._fetching.difference_update(tps)
 
     async def stop_replica(self, header: ControlHeader, parts: list[StopReplicaPartition]) -> dict[str, Any]:
         async with self._state_lock:
@@ -323,8 +334,7 @@ class ReplicaManager:
             if error is not ErrorCode.NONE:
                 return {"error": int(error), "partitions": []}
             self.controller_epoch = header.controller_epoch
-            if self.fetcher is not None:
-                self.fetcher.remove_partitions([sp.tp for sp in parts])
+            self._stop_fetching([sp.tp for sp in parts])
             results = []
             for sp in parts:
                 code = await self._stop_partition(sp)
