@@ -48,7 +48,7 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import NamedTuple, NoReturn
 
 from common.clock import Clock
 from common.config import Config
@@ -116,8 +116,10 @@ class LogConfig:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class AppendInfo:
+class AppendInfo(NamedTuple):
+    """Immutable like the frozen dataclasses elsewhere, but a NamedTuple: building a frozen
+    dataclass costs about 1 µs, a tenth of a whole 16 KiB append."""
+
     first_offset: int
     last_offset: int
     num_records: int
@@ -126,8 +128,9 @@ class AppendInfo:
     batches: int
 
 
-@dataclass(frozen=True, slots=True)
-class FetchData:
+class FetchData(NamedTuple):
+    """What ``read`` returns (a NamedTuple for the same reason as ``AppendInfo``)."""
+
     records: bytes
     first_offset: int  # base offset of the first returned batch; -1 if empty
 
@@ -354,8 +357,11 @@ class Log:
             raise ValueError("nothing to append")
         cfg = self.config
         seg = self.segments[-1]
-        if seg.size and seg.should_roll(nbytes, max_ts, self.clock, cfg.segment_bytes, cfg.segment_ms,
-                                        metas[-1][3] - 1):
+        first_ts = seg.first_batch_timestamp
+        if seg.size and (seg.size > cfg.segment_bytes - nbytes or first_ts is None or first_ts < 0
+                         or max_ts - first_ts > cfg.segment_ms or metas[-1][3] - seg.base_offset > 0xFFFFFFFF) \
+                and seg.should_roll(nbytes, max_ts, self.clock, cfg.segment_bytes, cfg.segment_ms,
+                                    metas[-1][3] - 1):
             self.roll()
             seg = self.segments[-1]
         try:

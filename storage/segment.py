@@ -170,11 +170,21 @@ class LogSegment:
 
     def append(self, chunks: Sequence[bytes | memoryview], nbytes: int, metas: Sequence[BatchMeta]) -> None:
         """Write the batches (already stamped or copied) and index them in memory."""
-        write_all(self.fd, chunks, nbytes, self.size)
+        try:
+            written = os.writev(self.fd, chunks) if len(chunks) <= 512 else os.write(self.fd, b"".join(chunks))
+            if written != nbytes:
+                _write_rest(self.fd, b"".join(chunks)[written:])
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, self.size)  # all or nothing
+            raise
         pos = self.size
-        rule, offsets, times = self.rule, self.offsets, self.times
+        rule = self.rule
         for base, size, max_ts, _ in metas:
-            rule.on_batch(offsets, times, base, pos, size, max_ts)
+            if rule.bytes_since_entry > rule.interval_bytes or max_ts > rule.max_timestamp:
+                rule.on_batch(self.offsets, self.times, base, pos, size, max_ts)
+            else:
+                rule.bytes_since_entry += size
             pos += size
         if self.first_batch_timestamp is None:
             self.first_batch_timestamp = metas[0][2]
@@ -352,16 +362,6 @@ def _check(buf: mmap.mmap, pos: int, expected: int, epoch_of: EpochLookup | None
     return None
 
 
-def write_all(fd: int, chunks: Sequence[bytes | memoryview], nbytes: int, old_size: int) -> None:
-    """Write every byte or none: a short or failed write is cut back to ``old_size`` and raised."""
-    try:
-        written = os.writev(fd, chunks) if len(chunks) <= 512 else os.write(fd, b"".join(chunks))
-        if written < nbytes:
-            rest = b"".join(chunks)[written:]
-            while rest:
-                n = os.write(fd, rest)
-                rest = rest[n:]
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, old_size)
-        raise
+def _write_rest(fd: int, rest: bytes) -> None:
+    while rest:
+        rest = rest[os.write(fd, rest):]
