@@ -235,3 +235,39 @@ async def test_bad_records_are_refused_at_send(fake: FakeCluster) -> None:
             await producer.send(TOPIC, b"x" * 2_000)
         assert info.value.code is ErrorCode.MESSAGE_TOO_LARGE
         assert (await producer.send_and_wait(TOPIC, b"fine", partition=0)).offset == 0
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_random_leader_moves_and_errors_lose_nothing_and_repeat_nothing(fake: FakeCluster, seed: int) -> None:
+    """Seeded chaos against the fake: leaders move, produce errors are injected, consumers poll in between.
+    Every acknowledged record is read exactly once, in offset order per partition."""
+    import random
+
+    rng = random.Random(seed)
+    acked: set[tuple[int, int]] = set()
+    seen: list[tuple[int, int]] = []
+    retriable = [ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.NOT_ENOUGH_REPLICAS, ErrorCode.REQUEST_TIMED_OUT]
+    async with Producer(fake.bootstrap, fast(linger_ms=1)) as producer, \
+            Consumer(fake.bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=20) as consumer:
+        await consumer.assign_topic(TOPIC)
+        for step in range(30):
+            futures = [await producer.send(TOPIC, f"{step}-{i}".encode()) for i in range(rng.randint(1, 40))]
+            action = rng.random()
+            tp = TopicPartition(TOPIC, rng.randrange(3))
+            if action < 0.3:
+                fake.move_leader(tp, 1 if fake.partitions[tp].leader == 2 else 2)
+            elif action < 0.5:
+                fake.errors[tp].append(rng.choice(retriable))
+            for f in futures:
+                meta = await f
+                acked.add((meta.partition, meta.offset))
+            seen += [(r.partition, r.offset) for r in await consumer.poll(timeout_ms=30)]
+        for _ in range(50):
+            if len(seen) >= len(acked):
+                break
+            seen += [(r.partition, r.offset) for r in await consumer.poll(timeout_ms=50)]
+    assert len(seen) == len(set(seen))
+    assert set(seen) == acked
+    for p in range(3):
+        offsets = [o for q, o in seen if q == p]
+        assert offsets == sorted(offsets)
