@@ -66,6 +66,17 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
+def _drop_epochs_without_data(local: Any) -> None:
+    """Kafka's ``truncateTo`` at or past the LEO still trims the epoch cache from the LEO.
+
+    A broker that became leader recorded (its epoch, its LEO) before writing anything; deposed
+    before any write, it keeps an epoch entry with no data. As a follower that entry would be its
+    "last fetched epoch" forever: the leader answers a diverging epoch that truncates nothing, again
+    and again. (``Log.truncate_to`` is a no-op at the LEO, so the fetcher trims the cache itself.)
+    """
+    local.epoch_cache.truncate_from_end(local.log_end_offset)
+
+
 def check_batches(records: bytes) -> None:
     """Frame and CRC of every batch (no record decoding); raises ``InvalidBatchError``."""
     pos, end = 0, len(records)
@@ -271,6 +282,8 @@ class FetcherTask:
         if decision.offset < leo:
             self._truncate(tp, state, local, decision.offset, f"{source}:{decision.reason}",
                            leader_epoch_answer=leader.leader_epoch, leader_end_offset=leader.end_offset)
+        else:
+            _drop_epochs_without_data(local)
         next_epoch = decision.next_epoch if not decision.completed else local.latest_epoch()
         self._states.set(tp, state.truncated(local.log_end_offset, next_epoch, decision.completed))
 

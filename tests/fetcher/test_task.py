@@ -512,3 +512,26 @@ async def test_metrics_in_the_given_registry(tmp_path: Path, clock: ManualClock)
         assert registry.get_sample_value("minibroker_fetcher_partition_lag", lag) is None
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("on_fetch", [False, True])
+async def test_leader_deposed_before_writing_keeps_no_phantom_epoch(tmp_path: Path, clock: ManualClock,
+                                                                    on_fetch: bool) -> None:
+    """A became leader in epoch 1 (recording (1, LEO)) but wrote nothing; B leads epoch 2. A's empty epoch
+    must not stay its 'last fetched epoch' (the leader would report a divergence forever)."""
+    s = Setup(tmp_path, clock, config=FetcherConfig(wait_max_ms=0, truncate_on_fetch=on_fetch))
+    try:
+        a, b = s.log("a"), s.log("b")
+        write(b, 0, 1, clock)
+        a.append_as_follower(log_bytes(b))
+        a.maybe_assign_epoch_start_offset(1, a.log_end_offset)  # leader in epoch 1, no writes
+        b.maybe_assign_epoch_start_offset(2, b.log_end_offset)
+        write(b, 2, 2, clock)
+        s.leader.lead(TP, b, 2)
+        s.start(TP, a, 2)
+        steps = await s.converge(max_steps=5)
+        assert steps <= 2
+        assert_identical(a, b)
+        assert a.latest_epoch() == 2 and s.follower.truncations == []
+    finally:
+        s.close()
