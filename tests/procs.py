@@ -184,9 +184,14 @@ class Procs:
             with contextlib.suppress(ProcessLookupError):
                 if proc.alive():
                     os.kill(proc.pid, signal.SIGCONT)
+        for proc in self.all:  # SIGTERM everything first so they stop in parallel
+            if proc.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
         for proc in self.all:
-            with contextlib.suppress(Exception):
-                stop(proc, 10)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(max(0.1, deadline - time.monotonic()))
         for proc in self.all:
             kill(proc)
 
