@@ -545,13 +545,15 @@ class ReplicaManager:
             return {"error": int(ErrorCode.STALE_BROKER_EPOCH), "topics": []}
         results, total, errored = self._read_all(req, first=True)
         if req.max_wait_ms == 0 or total >= req.min_bytes or errored or not req.partitions or self._closing:
+            self.metrics.bytes_out.inc(total)
             return _fetch_response(results)
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         deadline = self.clock.monotonic_ms() + req.max_wait_ms
         op = DelayedFetch(deadline, lambda: self._fetch_ready(req), lambda r: _resolve(fut, r))
         if not self.fetch_purgatory.try_complete_else_watch(op, req.partitions):
             await self._await_op(op, fut, req.max_wait_ms, self.fetch_purgatory)
-        results, _, _ = self._read_all(req, first=False)
+        results, total, _ = self._read_all(req, first=False)
+        self.metrics.bytes_out.inc(total)
         return _fetch_response(results)
 
     def _stale_follower_epoch(self, req: FetchRequest) -> bool:
@@ -574,7 +576,6 @@ class ReplicaManager:
             results[tp] = res
             total += len(res["records"])
             errored = errored or res["error"] != 0
-        self.metrics.bytes_out.inc(total)
         return results, total, errored
 
     def _read_partition(self, req: FetchRequest, tp: TopicPartition, fp: FetchPartitionRequest, budget: int,
