@@ -193,7 +193,11 @@ class Log:
         now = self.clock.now_ms()
         for i, base in enumerate(bases):
             if base < floor:
-                seg = LogSegment.open_existing(self.dir, base, self.config.index_interval_bytes, now)
+                seg, result = LogSegment.open_existing(self.dir, base, self.config.index_interval_bytes, now,
+                                                       self.epoch_cache.epoch_for_offset)
+                if result is not None:
+                    self._log.warning("segment_indexes_rebuilt", base_offset=base, offset=seg.next_offset,
+                                      truncated_bytes=result.truncated_bytes, reason=result.reason)
             else:
                 seg = self._recover_segment(base, now)
             self.segments.append(seg)

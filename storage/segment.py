@@ -80,19 +80,26 @@ class LogSegment:
         return cls(dir, base, fd, index_interval_bytes, now_ms)
 
     @classmethod
-    def open_existing(cls, dir: Path, base: int, index_interval_bytes: int, now_ms: int) -> LogSegment:
-        """Open without validating batches; load indexes, rebuilding them if they fail the checks."""
+    def open_existing(cls, dir: Path, base: int, index_interval_bytes: int, now_ms: int,
+                      epoch_of: EpochLookup | None = None) -> tuple[LogSegment, RecoveryResult | None]:
+        """Open a segment below the recovery point without validating its batches, trusting its
+        indexes if they pass the sanity checks (sorted, in range, last entry points at a batch with
+        that offset, the tail after it parses to the end of the file). Otherwise the segment is
+        recovered like one past the recovery point, which rebuilds the indexes; that result is returned."""
         fd = os.open(log_path(dir, base), os.O_RDWR | os.O_APPEND)
         seg = cls(dir, base, fd, index_interval_bytes, now_ms)
-        seg.size = os.fstat(fd).st_size
-        offsets = ix.load_offset_index(ix.offset_index_path(dir, base), base, seg.size)
-        times = ix.load_time_index(ix.time_index_path(dir, base), base, offsets) if offsets is not None else None
-        if offsets is None or times is None or not seg._last_entry_ok(offsets):
-            seg.rebuild_indexes()
-        else:
-            seg.offsets, seg.times = offsets, times
-            seg.reload_tail()
-        return seg
+        try:
+            seg.size = os.fstat(fd).st_size
+            offsets = ix.load_offset_index(ix.offset_index_path(dir, base), base, seg.size)
+            times = ix.load_time_index(ix.time_index_path(dir, base), base, offsets) if offsets is not None else None
+            if offsets is not None and times is not None and seg._last_entry_ok(offsets):
+                seg.offsets, seg.times = offsets, times
+                if seg.reload_tail():
+                    return seg, None
+            return seg, seg.recover(epoch_of)
+        except BaseException:
+            os.close(fd)
+            raise
 
     def _last_entry_ok(self, offsets: SparseIndex) -> bool:
         if not offsets:
@@ -103,27 +110,23 @@ class LogSegment:
             return False
         return header.base_offset == offsets.keys[-1]
 
-    def rebuild_indexes(self) -> None:
-        """Rebuild both indexes from a header scan (no CRC) and rewrite the files."""
-        self.offsets, self.times, self.rule = SparseIndex(), SparseIndex(), IndexRule(self.index_interval_bytes)
-        self.next_offset = self.base_offset
-        for pos, h in self.scan(0):
-            self.rule.on_batch(self.offsets, self.times, h.base_offset, pos, h.size, h.max_timestamp)
-            self.next_offset = h.next_offset
-        self.first_batch_timestamp = self.header_at(0).max_timestamp if self.size else None
-        self.persist_indexes(fsync=False)
-
-    def reload_tail(self) -> None:
-        """Next offset, running max timestamp and index spacing from a scan after the last index entry."""
+    def reload_tail(self) -> bool:
+        """Next offset, running max timestamp and index spacing from a header scan after the last
+        index entry; False if the scan does not end exactly at the end of the file."""
         start = self.offsets.values[-1] if self.offsets else 0
         next_offset = self.offsets.keys[-1] if self.offsets else self.base_offset
         max_ts = self.times.keys[-1] if self.times else ix.NO_TIMESTAMP
-        for _, h in self.scan(start):
+        end = start
+        for pos, h in self.scan(start):
             next_offset = h.next_offset
             max_ts = max(max_ts, h.max_timestamp)
+            end = pos + h.size
+        if end != self.size:
+            return False
         self.next_offset = next_offset if self.size else self.base_offset
         self.rule = IndexRule(self.index_interval_bytes, self.size - start, max_ts)
         self.first_batch_timestamp = self.header_at(0).max_timestamp if self.size else None
+        return True
 
     def recover(self, epoch_of: EpochLookup | None = None) -> RecoveryResult:
         """Validate every batch (length, magic, CRC, count, offset continuity, epoch); cut the rest.

@@ -374,3 +374,20 @@ def test_follower_epoch_rules(pdir: Path) -> None:
         log.append_as_follower(batch(1, base_offset=3, epoch=-1))
     assert log.log_end_offset == 3
     log.close()
+
+
+def test_damaged_segment_below_recovery_point_is_recovered_not_raised(pdir: Path) -> None:
+    log = open_log(pdir, segment_bytes=600, index_interval_bytes=50)
+    for _ in range(9):
+        log.append_as_leader(batch(1, size=200), 0)
+    end = log.log_end_offset
+    log.close()
+    logs = sorted(pdir.glob("*.log"))
+    assert len(logs) >= 3
+    logs[1].write_bytes(logs[1].read_bytes()[:-5])  # torn, but below the recovery point
+    (pdir / logs[1].name.replace(".log", ".index")).unlink()
+    logs[0].write_bytes(b"\x01" * 10)  # garbage shorter than a header
+    log = Log.open(pdir, LogConfig(segment_bytes=600, index_interval_bytes=50), ManualClock(TS), recovery_point=end)
+    assert log.segments[0].size == 0 and log.segments[1].size > 0
+    assert log.log_end_offset == end  # the later segments are intact
+    log.close()
