@@ -10,6 +10,7 @@ fetcher so they do not leak.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,7 @@ from common.wire import TopicPartition
 class FetcherMetrics:
     """The fetcher's series in one registry (created once per registry)."""
 
-    _by_registry: dict[int, FetcherMetrics] = {}
+    _by_registry: weakref.WeakKeyDictionary[CollectorRegistry, FetcherMetrics] = weakref.WeakKeyDictionary()
 
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
@@ -41,9 +42,9 @@ class FetcherMetrics:
     @classmethod
     def of(cls, registry: CollectorRegistry | None) -> FetcherMetrics:
         registry = registry if registry is not None else REGISTRY
-        found = cls._by_registry.get(id(registry))
+        found = cls._by_registry.get(registry)
         if found is None:
-            found = cls._by_registry[id(registry)] = cls(registry)
+            found = cls._by_registry[registry] = cls(registry)
         return found
 
 
