@@ -156,3 +156,23 @@ async def _metrics(address: str) -> str:
 
     async with aiohttp.ClientSession() as s, s.get(f"http://{address}/metrics") as resp:
         return await resp.text()
+
+
+async def test_pending_expansion_counts_toward_hw_one_request_in_flight(
+        start_broker: StartBroker, controller: FakeController, rpc: RpcClient) -> None:
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1, FOLLOWER], isr=[1])
+    await rpc.call(b.address, "produce", produce_body(batch(5)))
+    controller.hold_alter.clear()
+    await follower_fetch(rpc, b.address, 0)
+    await follower_fetch(rpc, b.address, 5)  # caught up: expansion requested, answer held
+    await controller.wait_alter(1)
+    await rpc.call(b.address, "produce", produce_body(batch(3)))
+    for _ in range(5):
+        f = await follower_fetch(rpc, b.address, 5)
+        assert f["high_watermark"] == 5  # the pending addition holds the HW (maximal ISR)
+    assert len(controller.alter_requests) == 1  # one AlterPartition in flight per partition
+    assert b.rm is not None and b.rm.partitions[TP].state.isr == (1,)  # not applied until accepted
+    controller.hold_alter.set()
+    await wait_until(lambda: b.rm is not None and b.rm.partitions[TP].state.isr == (1, FOLLOWER))
+    assert (await follower_fetch(rpc, b.address, 8))["high_watermark"] == 8
