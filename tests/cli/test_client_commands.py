@@ -2,38 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from common.wire import TopicPartition
+from tests.cli.helpers import run
 from tests.client.fake_broker import FakeCluster
 
 TOPIC = "lines"
-
-
-def minibroker() -> list[str]:
-    script = Path(sys.executable).parent / "minibroker"
-    if script.exists():
-        return [sys.executable, str(script)]
-    return [sys.executable, "-c", "import sys; from cli.main import main; sys.exit(main())"]
-
-
-async def run(*argv: str, stdin: bytes = b"", timeout_s: float = 60) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(*minibroker(), *argv, stdin=asyncio.subprocess.PIPE,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout_s)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 @pytest.fixture

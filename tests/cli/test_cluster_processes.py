@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 
 from cli import cluster
-from tests.cli.test_client_commands import minibroker, run
-from tests.cli.test_e2e_cluster import free_base_port, kill_recorded
+from tests.cli.helpers import free_base_port, kill_recorded, minibroker, run
 
 FAKE = shlex.join([sys.executable, str(Path(__file__).with_name("fake_processes.py"))])
 

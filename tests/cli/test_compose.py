@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import re
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import yaml
 from cli import cluster
 from cli.clients import DEFAULT_BOOTSTRAP, DEFAULT_CONTROLLER
 from cli.main import build_parser
+from tests.cli.helpers import subcommands
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,13 +32,6 @@ def flags(command: list[str]) -> dict[str, str]:
             assert i + 1 < len(command) and not command[i + 1].startswith("--"), f"{item} has no value"
             out[item] = command[i + 1]
     return out
-
-
-def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
-    return {}
 
 
 def servers(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -6,13 +6,9 @@ is there, at the offset its delivery report gave, and each partition holds its l
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
 import json
 import os
-import random
-import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,8 +17,7 @@ from typing import Any
 import pytest
 
 from cli.main import build_parser
-from tests.cli.test_client_commands import minibroker, run
-from tests.cli.test_compose import subcommands
+from tests.cli.helpers import free_base_port, kill_recorded, minibroker, run, subcommands
 
 LINES = 10_000
 TOPIC = "e2e"
@@ -31,32 +26,6 @@ pytestmark = pytest.mark.skipif(
     not {"broker", "controller"} <= set(subcommands(build_parser()))
     or importlib.util.find_spec("storage.log_manager") is None,
     reason="broker/controller processes (or the storage they need) are not in this tree yet")
-
-
-def free_base_port(count: int = 4) -> int:
-    """A base port with ``count`` consecutive free ports (bounded number of tries)."""
-    for _ in range(50):
-        base = random.randint(20_000, 32_000)  # below the ephemeral range (32768+), where clients bind
-        ok = True
-        for port in range(base, base + count):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError("no free port range")
-
-
-def kill_recorded(data_dir: Path) -> None:
-    """Last-resort cleanup: SIGKILL the pids this test's cluster recorded (only if still ours)."""
-    from cli import cluster
-
-    with contextlib.suppress(Exception):
-        for m in cluster.load(data_dir).members:
-            cluster.send_signal(m, signal.SIGKILL)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from common.errors import ErrorCode
 from common.wire import CONTENT_TYPE, decode_body, encode
-from tests.cli.test_client_commands import run
+from tests.cli.helpers import run
 
 
 class FakeController:
