@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     bench.add_argument("--total-mib", type=int, default=128, help="MiB written per batch size (default 128)")
     bench.add_argument("--batch-sizes", default="16384,1048576", help="comma-separated batch sizes in bytes")
     bench.add_argument("--record-bytes", type=int, default=100, help="value size of each record (default 100)")
-    bench.add_argument("--repeat", type=int, default=3, help="measured runs after the warm-up (default 3)")
+    bench.add_argument("--repeat", type=int, default=5, help="measured runs after the warm-up (default 5)")
     bench.set_defaults(func=_perf)
 
 

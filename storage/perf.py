@@ -6,8 +6,8 @@ For each batch size (default 16 KiB and 1 MiB of 100-byte records) one run:
    ``Log.append_as_leader`` to a fresh log in the same directory (same disk);
 3. reads everything back with ``Log.read`` (1 MiB fetches, and one batch per
    call) and with ``os.pread`` of exactly the same byte ranges from the raw file.
-Each measurement runs once as a warm-up and then ``--repeat`` times; the best
-run is reported (least disturbed by the other processes on a shared machine).
+Each measurement runs once as a warm-up and then ``--repeat`` times, raw and log
+alternating; the best run of each is reported (least disturbed by the other processes on a shared machine).
 No fsync on either side (Kafka's default flush policy). Prints figures; asserts
 nothing.
 """
@@ -57,9 +57,15 @@ def make_batch(target_bytes: int, record_bytes: int) -> bytes:
         n -= max(1, (len(data) - target_bytes) // (record_bytes + 8))
 
 
-def _best(fn: Callable[[], float], repeat: int) -> float:
-    fn()  # warm-up
-    return min(fn() for _ in range(repeat))
+def _best_pair(raw: Callable[[], float], log: Callable[[], float], repeat: int) -> tuple[float, float]:
+    """Best time of each after a warm-up of both, alternating runs so load drifts hit both alike."""
+    log()
+    raw()
+    raw_times, log_times = [], []
+    for _ in range(repeat):
+        log_times.append(log())
+        raw_times.append(raw())
+    return min(raw_times), min(log_times)
 
 
 def bench_size(base: Path, batch: bytes, count: int, repeat: int) -> list[Figure]:
@@ -90,7 +96,7 @@ def bench_size(base: Path, batch: bytes, count: int, repeat: int) -> list[Figure
 
     figures = []
     total = len(batch) * count
-    raw_s, log_s = _best(raw_append, repeat), _best(log_append, repeat)
+    raw_s, log_s = _best_pair(raw_append, log_append, repeat)
     figures.append(Figure(len(batch), "append", raw_s, log_s, total, count))
     log = state["log"]
     per_batch = log.log_end_offset // count
@@ -107,8 +113,6 @@ def bench_size(base: Path, batch: bytes, count: int, repeat: int) -> list[Figure
                 offset += len(data) // len(batch) * per_batch
             return time.perf_counter() - t0
 
-        log_s = _best(log_read, repeat)
-
         def raw_read(ranges: list[int] = ranges) -> float:
             fd = os.open(raw_path, os.O_RDONLY)
             pos = 0
@@ -120,7 +124,7 @@ def bench_size(base: Path, batch: bytes, count: int, repeat: int) -> list[Figure
             os.close(fd)
             return elapsed
 
-        raw_s = _best(raw_read, repeat)
+        raw_s, log_s = _best_pair(raw_read, log_read, repeat)
         figures.append(Figure(len(batch), name, raw_s, log_s, total, count))
     state.pop("log").delete()
     raw_path.unlink(missing_ok=True)

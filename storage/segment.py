@@ -183,9 +183,17 @@ class LogSegment:
             raise
         pos = self.size
         rule = self.rule
-        for base, size, max_ts, _ in metas:
-            if rule.bytes_since_entry > rule.interval_bytes or max_ts > rule.max_timestamp:
-                rule.on_batch(self.offsets, self.times, base, pos, size, max_ts)
+        for base, size, max_ts, _ in metas:  # IndexRule.on_batch, inlined: this runs per batch
+            if max_ts > rule.max_timestamp:
+                rule.max_timestamp = max_ts
+            if rule.bytes_since_entry > rule.interval_bytes:
+                self.offsets.keys.append(base)
+                self.offsets.values.append(pos)
+                times = self.times.keys
+                if rule.max_timestamp > (times[-1] if times else ix.NO_TIMESTAMP):
+                    times.append(rule.max_timestamp)
+                    self.times.values.append(base)
+                rule.bytes_since_entry = size
             else:
                 rule.bytes_since_entry += size
             pos += size
