@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +39,10 @@ def run_bench(args: argparse.Namespace) -> int:
     return main(args)
 
 
-def parse_listen(text: str) -> tuple[str, int]:
+def parse_listen(text: str) -> tuple[str, int] | None:
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        from cli.main import CliError
-
-        raise CliError(f"--listen: expected HOST:PORT, got {text!r}")
+        return None
     return host, int(port)
 
 
@@ -57,20 +56,24 @@ def run(args: argparse.Namespace) -> int:
     from common.config import controller_config, parse_assignments
     from common.logging import configure
 
-    host, port = parse_listen(args.listen)
+    listen = parse_listen(args.listen)
+    if listen is None:
+        print(f"minibroker: error: --listen: expected HOST:PORT, got {args.listen!r}", file=sys.stderr)
+        return 2
+    host, port = listen
     config = controller_config(parse_assignments(args.settings))
     data_dir = Path(args.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     configure("controller", "controller")
-    from cli.main import CliError
-    from controller.journal import JournalCorruptError
+    from controller.journal import DataDirLockedError, JournalCorruptError
 
     try:
         return asyncio.run(serve(host, port, data_dir, config))
-    except JournalCorruptError as exc:
-        raise CliError(f"controller: {exc}") from None
-    except OSError as exc:
-        raise CliError(f"controller: {exc}") from None
+    except (JournalCorruptError, DataDirLockedError, OSError) as exc:
+        # printed here rather than raised as cli.main.CliError: under ``python -m cli.main`` that
+        # module is ``__main__`` and would not catch the class imported as ``cli.main``
+        print(f"minibroker: error: controller: {exc}", file=sys.stderr)
+        return 2
 
 
 async def serve(host: str, port: int, data_dir: Path, config: Any) -> int:

@@ -4,6 +4,7 @@ On-disk format (both files in the controller's data dir)::
 
     metadata.journal    frame*            appended, fsynced before a change is acknowledged
     metadata.snapshot   one frame         written to a temp file, fsynced, renamed, dir fsynced
+    .lock               empty             flock held while open: one controller per data dir
 
     frame   = length:u32 (big endian, payload bytes) | crc32(payload):u32 | payload
     journal payload  = msgpack {offset: int, records: [record map, ...]}
@@ -23,6 +24,7 @@ Blocking I/O: the shell calls these methods through ``asyncio.to_thread``.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import struct
 import zlib
@@ -35,12 +37,17 @@ from controller.state import MetadataImage, Record, record_from_dict, record_to_
 
 JOURNAL_NAME = "metadata.journal"
 SNAPSHOT_NAME = "metadata.snapshot"
+LOCK_NAME = ".lock"
 _FRAME = struct.Struct(">II")
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 
 class JournalCorruptError(Exception):
     """A snapshot that fails its checksum: the data dir is damaged, not torn by a crash."""
+
+
+class DataDirLockedError(Exception):
+    """Another process already owns this data dir (two controllers on one journal would fork it)."""
 
 
 class JournalBrokenError(Exception):
@@ -96,8 +103,9 @@ def _write_atomically(path: Path, data: bytes) -> None:
 class Journal:
     """Owns the two files; not thread-safe (the shell serialises calls)."""
 
-    def __init__(self, data_dir: Path, *, offset: int, records_since_snapshot: int) -> None:
+    def __init__(self, data_dir: Path, *, offset: int, records_since_snapshot: int, lock_fd: int = -1) -> None:
         self.data_dir = data_dir
+        self._lock_fd = lock_fd
         self.offset = offset  # offset of the last frame written or covered by the snapshot
         self.records_since_snapshot = records_since_snapshot
         self.truncated_bytes = 0
@@ -112,6 +120,15 @@ class Journal:
     def open(cls, data_dir: Path) -> tuple[Journal, MetadataImage]:
         """Replay the snapshot and the journal after it; truncate a torn tail."""
         data_dir.mkdir(parents=True, exist_ok=True)
+        lock_fd = _lock(data_dir)
+        try:
+            return cls._replay(data_dir, lock_fd)
+        except BaseException:
+            os.close(lock_fd)
+            raise
+
+    @classmethod
+    def _replay(cls, data_dir: Path, lock_fd: int) -> tuple[Journal, MetadataImage]:
         image, offset = _load_snapshot(data_dir / SNAPSHOT_NAME)
         path = data_dir / JOURNAL_NAME
         raw = path.read_bytes() if path.exists() else b""
@@ -130,7 +147,7 @@ class Journal:
                 f.truncate(valid)
                 f.flush()
                 os.fsync(f.fileno())
-        journal = cls(data_dir, offset=offset, records_since_snapshot=replayed)
+        journal = cls(data_dir, offset=offset, records_since_snapshot=replayed, lock_fd=lock_fd)
         journal.truncated_bytes = len(raw) - valid
         return journal, image
 
@@ -172,6 +189,20 @@ class Journal:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._file.close()
+        if self._lock_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = -1
+
+
+def _lock(data_dir: Path) -> int:
+    fd = os.open(data_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise DataDirLockedError(f"{data_dir} is in use by another controller process") from None
+    return fd
 
 
 def _load_snapshot(path: Path) -> tuple[MetadataImage, int]:

@@ -206,3 +206,15 @@ def test_a_failed_write_refuses_every_later_append(tmp_path: Path) -> None:
     finally:
         journal.close()
     assert replay(tmp_path) == image_of(OPS[:1])
+
+
+def test_one_owner_per_data_dir(tmp_path: Path) -> None:
+    from controller.journal import DataDirLockedError
+
+    journal, _image = Journal.open(tmp_path)
+    try:
+        with pytest.raises(DataDirLockedError):
+            Journal.open(tmp_path)
+    finally:
+        journal.close()
+    replay(tmp_path)  # free again once closed

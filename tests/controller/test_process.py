@@ -78,3 +78,31 @@ async def test_sigkill_keeps_everything_acknowledged(ctl: ControllerProc) -> Non
     finally:
         await rpc.close()
         await fake.stop()
+
+
+async def test_a_second_controller_on_the_same_data_dir_is_refused(ctl: ControllerProc, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.controller.proc_util import ROOT
+
+    ctl.start()
+    second = subprocess.run([sys.executable, "-m", "cli.main", "controller", "--listen", "127.0.0.1:0",
+                             "--data-dir", str(ctl.data_dir)], cwd=ROOT, capture_output=True, timeout=60)
+    assert second.returncode == 2
+    assert b"in use by another controller" in second.stderr
+    assert ctl.proc is not None and ctl.proc.poll() is None, "the first one keeps running"
+
+
+def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.controller.proc_util import ROOT
+
+    for extra in (["--listen", "nowhere"], ["--listen", "127.0.0.1:0", "--set", "nope=1"],
+                  ["--listen", "127.0.0.1:0", "--set", "broker.session.timeout.ms=abc"]):
+        run = subprocess.run([sys.executable, "-m", "cli.main", "controller", "--data-dir", str(tmp_path / "d"),
+                              *extra], cwd=ROOT, capture_output=True, timeout=60)
+        assert run.returncode == 2, run.stderr
+        assert run.stderr.decode().strip().count("\n") == 0 and b"error" in run.stderr, run.stderr
