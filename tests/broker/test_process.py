@@ -19,7 +19,7 @@ from common.wire import encode
 from storage.record_batch import iter_batches
 from tests.broker.conftest import TP, batch, fetch_body, part, produce_body
 from tests.fake_controller import FakeController
-from tests.procs import REPO, Proc, Procs, stop
+from tests.procs import REPO, Proc, Procs, kill, stop
 
 
 @pytest.fixture
@@ -177,5 +177,26 @@ async def test_fuzz_live_broker(tmp_path: Path, procs: Procs, fc: FakeController
         assert part(await rpc.call(b.address, "produce", produce_body(batch())))["base_offset"] == 9
         assert not b.events("request_failed")
         assert await asyncio.to_thread(stop, b) == 0
+    finally:
+        await rpc.close()
+
+
+async def test_periodic_hw_checkpoint_survives_sigkill(tmp_path: Path, procs: Procs, fc: FakeController) -> None:
+    rpc = RpcClient(timeout_s=30)
+    try:
+        b = await start(procs, fc, tmp_path / "b1", **{"replica.high.watermark.checkpoint.interval.ms": 100})
+        await fc.elect(TP, leader=1, replicas=[1])
+        await rpc.call(b.address, "produce", produce_body(batch(4)))
+        ckpt = tmp_path / "b1" / "replication-offset-checkpoint"
+        deadline = asyncio.get_running_loop().time() + 30
+        while not (ckpt.exists() and "t 0 4" in ckpt.read_text()):
+            assert asyncio.get_running_loop().time() < deadline, "HW checkpoint not written on its interval"
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(kill, b)
+        del fc.brokers[1]
+        b = await start(procs, fc, tmp_path / "b1")
+        await fc.elect(TP, leader=1, replicas=[1, 2], isr=[1, 2])  # HW cannot advance without broker 2
+        sp = (await rpc.get_json(b.address, "/v1/status"))["partitions"][0]
+        assert (sp["high_watermark"], sp["log_end_offset"]) == (4, 4)
     finally:
         await rpc.close()
