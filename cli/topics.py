@@ -38,6 +38,15 @@ async def create_main(args: argparse.Namespace) -> int:
     return 0
 
 
+async def delete_main(args: argparse.Namespace) -> int:
+    from client.admin import Admin
+
+    async with Admin(controller_of(args)) as admin:
+        await admin.delete_topic(args.name)
+    print(f"Deleted topic {args.name}.")
+    return 0
+
+
 async def list_main(args: argparse.Namespace) -> int:
     from client.admin import Admin
 
@@ -102,6 +111,11 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
                    help="topic config, e.g. min.insync.replicas=2 (repeatable)")
     add_controller(q)
     q.set_defaults(func=lambda a: run_client(create_main(a)))
+
+    q = ts.add_parser("delete", help="delete a topic (its partitions are removed from every broker)")
+    q.add_argument("name", metavar="NAME")
+    add_controller(q)
+    q.set_defaults(func=lambda a: run_client(delete_main(a)))
 
     q = ts.add_parser("list", help="topic names")
     add_controller(q)

@@ -62,6 +62,14 @@ class Admin:
         if code is not ErrorCode.NONE:
             raise error_for(code, f"{code.name}: {message}" if message else code.name)
 
+    async def delete_topic(self, name: str) -> None:
+        resp = await self._rpc.call(self.controller, "delete_topics", {"topics": [name]})
+        for t in resp.get("topics") or []:
+            code = ErrorCode.of(int(t.get("error", 0)))
+            if str(t.get("name")) == name and code is not ErrorCode.NONE:
+                message = str(t.get("error_message") or "")
+                raise error_for(code, f"{code.name}: {message}" if message else code.name)
+
     async def metadata(self, topics: Sequence[str] | None = None) -> dict[str, Any]:
         return await self._rpc.call(self.controller, "metadata", {"topics": list(topics) if topics else None})
 

@@ -26,6 +26,7 @@ class FakeController:
         app = web.Application()
         app.router.add_post("/v1/create_topics", self.create_topics)
         app.router.add_post("/v1/metadata", self.metadata)
+        app.router.add_post("/v1/delete_topics", self.delete_topics)
         self.address = await self._serve(app)
         # broker 1 answers /v1/status; broker 2 is registered but down (port of a closed server)
         status_app = web.Application()
@@ -62,6 +63,14 @@ class FakeController:
                 self.topics[t["name"]] = t
             out.append({"name": t["name"], "error": int(code),
                         "error_message": "" if code is ErrorCode.NONE else f"{code.name.lower()}"})
+        return web.Response(body=encode({"topics": out}), content_type=CONTENT_TYPE)
+
+    async def delete_topics(self, request: web.Request) -> web.Response:
+        body = decode_body(await request.read())
+        out = []
+        for name in body["topics"]:
+            code = ErrorCode.NONE if self.topics.pop(name, None) else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            out.append({"name": name, "error": int(code), "error_message": ""})
         return web.Response(body=encode({"topics": out}), content_type=CONTENT_TYPE)
 
     async def metadata(self, request: web.Request) -> web.Response:
@@ -137,6 +146,13 @@ async def test_create_list_describe(controller: FakeController) -> None:
 
     code, _, err = await run("topics", "describe", "nope", *ctl)
     assert code == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in err
+
+    code, out, err = await run("topics", "delete", "audit", *ctl)
+    assert code == 0 and out.strip() == "Deleted topic audit.", err
+    code, _, err = await run("topics", "delete", "audit", *ctl)
+    assert code == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in err
+    code, out, _ = await run("topics", "list", *ctl)
+    assert out.splitlines() == ["orders"]
 
 
 async def test_controller_from_the_environment(controller: FakeController, monkeypatch: pytest.MonkeyPatch) -> None:
