@@ -390,6 +390,11 @@ class FetcherTask:
             return
         if data.diverging_epoch is not None:
             self._apply_truncation(tp, state, local, data.diverging_epoch, "diverging_epoch")
+            after = self._states.get(tp)
+            if after is not None and (after.fetch_offset, after.last_fetched_epoch, after.status) == (
+                    state.fetch_offset, state.last_fetched_epoch, state.status):
+                # The same fetch would get the same answer: do not spin on a leader that insists.
+                self._park(tp, after, "diverging_epoch_no_progress", f"leader said {data.diverging_epoch}")
             return
         self._append(tp, state, local, data)
 

@@ -13,8 +13,8 @@ from common.clock import ManualClock, SystemClock
 from common.errors import ErrorCode
 from common.wire import TopicPartition
 from fetcher.api import InitialFetchState
-from fetcher.endpoint import FetchRequest, FetchResponse
-from fetcher.state import FetchStatus
+from fetcher.endpoint import FetchPartitionData, FetchRequest, FetchResponse
+from fetcher.state import EpochEndOffset, FetchStatus
 from fetcher.task import FetcherConfig, FetcherTask
 from storage.log import Log
 from tests.fetcher.fakes import TP, FakeLeader, LocalFollower, log_bytes, open_log, write
@@ -533,5 +533,37 @@ async def test_leader_deposed_before_writing_keeps_no_phantom_epoch(tmp_path: Pa
         assert steps <= 2
         assert_identical(a, b)
         assert a.latest_epoch() == 2 and s.follower.truncations == []
+    finally:
+        s.close()
+
+
+class InsistingLeader(FakeLeader):
+    """A buggy leader: every Fetch answers a diverging epoch that truncates nothing."""
+
+    async def fetch(self, request: FetchRequest) -> FetchResponse:
+        parts = {tp: FetchPartitionData(ErrorCode.NONE, high_watermark=0, log_start_offset=0,
+                                        diverging_epoch=EpochEndOffset(max(p.last_fetched_epoch, 0),
+                                                                       p.fetch_offset + 100))
+                 for tp, p in request.partitions.items()}
+        self.fetches.append(request)
+        return FetchResponse(ErrorCode.NONE, parts)
+
+
+async def test_a_diverging_epoch_that_changes_nothing_parks_instead_of_spinning(tmp_path: Path,
+                                                                                clock: ManualClock) -> None:
+    s = Setup(tmp_path, clock)
+    s.leader = InsistingLeader()
+    s.task = FetcherTask(0, s.leader, s.follower, CONFIG, clock)
+    try:
+        f, ld = s.log("f"), s.log("l")
+        write(ld, 0, 2, clock)
+        f.append_as_follower(log_bytes(ld))
+        s.leader.lead(TP, ld, 0)
+        s.start(TP, f, 0)
+        for _ in range(5):
+            await s.task.do_work()
+        state = s.task.fetch_state(TP)
+        assert state is not None and state.is_parked(clock.monotonic_ms())
+        assert len(s.leader.fetches) == 1 and f.log_end_offset == 6
     finally:
         s.close()
