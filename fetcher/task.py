@@ -264,7 +264,12 @@ class FetcherTask:
         return 1
 
     def _truncate_without_epoch(self, tp: TopicPartition, state: PartitionFetchState, local: Any) -> None:
-        """No local epoch: an empty log needs nothing; otherwise Kafka's truncate-to-HW fallback."""
+        """No local epoch: an empty log needs nothing; otherwise Kafka's truncate-to-HW fallback.
+
+        Every batch carries its leader epoch and the log's epoch cache follows them, so a log with
+        data and no epoch only comes from a lost leader-epoch-checkpoint. There is no epoch to ask
+        the leader about; like Kafka (``partitionsWithoutEpochs``) we fall back to the HW.
+        """
         leo = local.log_end_offset
         hw = self._high_watermark(tp)
         target = leo if hw is None else min(hw, leo)
