@@ -650,9 +650,10 @@ class ReplicaManager:
             p = self.partitions.get(tp)
             if p is None or self._check_fetch_partition(req, p, fp) is not ErrorCode.NONE:
                 return True
+            if fp.fetch_offset > p.log_end_offset or fp.fetch_offset < p.log_start_offset:
+                return True  # out of range now: answer with the error
+            # a consumer between the HW and the LEO (a new leader's HW may lag) waits like one at the HW
             end = p.log_end_offset if req.is_follower else p.state.high_watermark
-            if fp.fetch_offset > end or fp.fetch_offset < p.log_start_offset:
-                return True
             if end > fp.fetch_offset:
                 if req.min_bytes <= 1:
                     return True

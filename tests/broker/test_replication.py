@@ -176,3 +176,19 @@ async def test_pending_expansion_counts_toward_hw_one_request_in_flight(
     controller.hold_alter.set()
     await wait_until(lambda: b.rm is not None and b.rm.partitions[TP].state.isr == (1, FOLLOWER))
     assert (await follower_fetch(rpc, b.address, 8))["high_watermark"] == 8
+
+
+async def test_consumer_above_hw_long_polls(start_broker: StartBroker, controller: FakeController,
+                                            rpc: RpcClient) -> None:
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1, FOLLOWER])
+    await rpc.call(b.address, "produce", produce_body(batch(3)))
+    await rpc.call(b.address, "produce", produce_body(batch(3)))
+    # the consumer asks for offset 3 while the HW is 0 (follower has not fetched): it waits
+    consumer = asyncio.create_task(rpc.call(b.address, "fetch", fetch_body(3, max_wait_ms=120_000)))
+    await wait_until(lambda: b.rm is not None and len(b.rm.fetch_purgatory) == 1)
+    await follower_fetch(rpc, b.address, 3)  # HW 3: still nothing at offset >= 3 below the HW
+    assert not consumer.done()
+    await follower_fetch(rpc, b.address, 6)
+    c = part(await asyncio.wait_for(consumer, 30))
+    assert c["high_watermark"] == 6 and [h.base_offset for _, h in iter_batches(c["records"])] == [3]
