@@ -203,6 +203,34 @@ class LogSegment:
         self.next_offset = metas[-1][3]
         self.unflushed = True
 
+    def append_one(self, prefix: bytes, rest: memoryview, nbytes: int, base_offset: int, max_ts: int) -> None:
+        """``append`` for one batch written as a stamped prefix plus the rest (the leader's hot path);
+        the caller sets ``next_offset``."""
+        pos = self.size
+        try:
+            written = os.writev(self.fd, (prefix, rest))
+            if written != nbytes:
+                _write_rest(self.fd, (prefix + bytes(rest))[written:])
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, pos)
+            raise
+        rule = self.rule
+        if max_ts > rule.max_timestamp:
+            rule.max_timestamp = max_ts
+        if rule.bytes_since_entry > rule.interval_bytes:
+            self.offsets.keys.append(base_offset)
+            self.offsets.values.append(pos)
+            times = self.times.keys
+            if rule.max_timestamp > (times[-1] if times else ix.NO_TIMESTAMP):
+                times.append(rule.max_timestamp)
+                self.times.values.append(base_offset)
+            rule.bytes_since_entry = nbytes
+        else:
+            rule.bytes_since_entry += nbytes
+        self.size = pos + nbytes
+        self.unflushed = True
+
     # ---- reading -------------------------------------------------------------------------------------------
     def header_at(self, pos: int) -> BatchHeader:
         return parse_header(os.pread(self.fd, HEADER_SIZE, pos))
