@@ -80,12 +80,9 @@ def _bumped(st: PartitionState, leader: int, isr: tuple[int, ...]) -> PartitionS
     return PartitionState(st.replicas, isr, leader, leader_epoch, st.partition_epoch + 1)
 
 
-def _reason(st: PartitionState, election: rules.Election, default: ElectionReason) -> ElectionReason:
-    if election.unclean:
-        return ElectionReason.UNCLEAN
-    if election.leader == st.leader:
-        return ElectionReason.ISR_CHANGE
-    return default
+def _reason(st: PartitionState, election: rules.Election, cause: ElectionReason) -> ElectionReason:
+    """The cause of a change (an ISR-only change keeps its cause: fencing, re-registration, ...)."""
+    return ElectionReason.UNCLEAN if election.unclean else cause
 
 
 def remove_broker(image: MetadataImage, plan: Plan, broker: int, live: Collection[int], *,

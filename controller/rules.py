@@ -39,7 +39,7 @@ class ElectionReason(enum.Enum):
     UNCLEAN = "unclean"
     CONTROLLED_SHUTDOWN = "controlled_shutdown"
     PREFERRED = "preferred"
-    ISR_CHANGE = "isr_change"  # the leader stayed; only the ISR changed
+    ISR_CHANGE = "isr_change"  # the leader asked for it (AlterPartition)
     REREGISTRATION = "reregistration"
 
 

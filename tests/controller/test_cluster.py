@@ -356,3 +356,33 @@ async def test_sigterm_moves_leadership_before_the_broker_exits(cluster: Cluster
         assert await read_all(c.rpc, c.address(after["leader"]), "logs") == [*values, b"after"]
     finally:
         await c.rpc.close()
+
+
+async def test_restarted_broker_rejoins_the_isr_with_its_new_epoch(cluster: Cluster) -> None:
+    c = cluster
+    try:
+        await _start(c, 3)
+        await c.create("jobs", 1, 3, {"min.insync.replicas": 2})
+        first = await c.wait_leading("jobs")
+        follower = next(r for r in first["replicas"] if r != first["leader"])
+        values = [f"j{i}".encode() for i in range(20)]
+        assert (await produce(c.rpc, c.address(first["leader"]), "jobs", values))["error"] == 0
+        P.kill(c.brokers[follower])
+        c.start_broker(follower)  # a new incarnation, before its session times out
+
+        async def rejoined() -> bool:
+            part = await c.partition("jobs")
+            return sorted(part["isr"]) == sorted(first["replicas"]) and part["partition_epoch"] >= 2
+        await wait_until(rejoined, 30, "the restarted follower is back in the ISR")
+        assert c.controller is not None
+        regs = [e for e in c.controller.events("broker_registered") if e["broker_id"] == follower]
+        assert len(regs) == 2 and regs[1]["broker_epoch"] > regs[0]["broker_epoch"]
+        shrinks = [e for e in c.controller.events("isr_changed")
+                   if e.get("topic") == "jobs" and follower not in e["isr"]]
+        assert shrinks and shrinks[0]["reason"] == "reregistration", "left the ISR at registration"
+        part = await c.partition("jobs")
+        assert part["leader"] == first["leader"] and part["leader_epoch"] == first["leader_epoch"]
+        view = await c.broker_partition(follower, "jobs")
+        assert view is not None and view["log_end_offset"] >= len(values)
+    finally:
+        await c.rpc.close()
