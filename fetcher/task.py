@@ -55,6 +55,7 @@ from fetcher.state import (
     decide_truncation,
     fetch_lag,
 )
+from storage.log import OffsetMismatchError
 from storage.record_batch import InvalidBatchError, check_frame
 
 log = get_logger("fetcher")
@@ -336,6 +337,8 @@ class FetcherTask:
                                     leader_epoch=state.current_leader_epoch, offset=state.fetch_offset)
                 current = self._states.get(tp)
                 if current is not None:
+                    if isinstance(exc, OffsetMismatchError):
+                        current = current.must_truncate()  # the logs disagree on batch bounds: re-check epochs
                     self._park(tp, current, exc.__class__.__name__, str(exc))
         return 1
 

@@ -17,7 +17,7 @@ from fetcher.endpoint import FetchPartitionData, FetchRequest, FetchResponse
 from fetcher.state import EpochEndOffset, FetchStatus
 from fetcher.task import FetcherConfig, FetcherTask
 from storage.log import Log
-from tests.fetcher.fakes import TP, FakeLeader, LocalFollower, log_bytes, open_log, write
+from tests.fetcher.fakes import TP, FakeLeader, LocalFollower, batch, log_bytes, open_log, write
 
 CONFIG = FetcherConfig(wait_max_ms=0, backoff_ms=1_000)
 
@@ -567,3 +567,16 @@ async def test_a_diverging_epoch_that_changes_nothing_parks_instead_of_spinning(
         assert len(s.leader.fetches) == 1 and f.log_end_offset == 6
     finally:
         s.close()
+
+
+async def test_batch_bounds_that_disagree_park_and_recheck_epochs(setup: Setup) -> None:
+    """The leader's batch holding our LEO starts below it: nothing is appended, the epochs are re-checked."""
+    f, ld = setup.log("f"), setup.log("l")
+    ld.append_as_leader(batch(3, setup.clock), 0)  # leader: one batch 0..2
+    f.append_as_leader(batch(2, setup.clock), 0)   # follower: one batch 0..1 (cannot happen with sane peers)
+    setup.leader.lead(TP, ld, 0)
+    setup.start(TP, f, 0)
+    await setup.task.do_work()
+    state = setup.task.fetch_state(TP)
+    assert f.log_end_offset == 2
+    assert state is not None and state.status is FetchStatus.TRUNCATING and state.is_parked(setup.clock.monotonic_ms())
