@@ -289,6 +289,11 @@ class LogSegment:
         # next entry (or the end); read that region once and walk its headers in memory.
         region_end = offsets.values[i + 1] if i + 1 < len(offsets) else self.size
         region = os.pread(self.fd, region_end - first_pos, first_pos)
+        if min_one_batch and len(region) >= HEADER_SIZE:  # the region is often exactly one batch
+            base, length = _BASE_LEN.unpack_from(region)
+            next_offset = base + _LAST_DELTA.unpack_from(region, 23)[0] + 1
+            if length + 12 == len(region) and start < next_offset <= limit:
+                return region
         first, end = _walk(region, start, max_bytes, limit, min_one_batch)
         if first < 0:
             return b""
