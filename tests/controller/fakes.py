@@ -17,7 +17,8 @@ class FakeBroker:
     def __init__(self, node_id: int) -> None:
         self.node_id = node_id
         self.received: list[tuple[str, dict[str, Any]]] = []
-        self.fail_next = 0  # answer this many requests with a closed connection
+        self.fail_next = 0  # answer this many requests with HTTP 503
+        self.hang = False  # never answer (a paused process): the controller must not wait on it
         self.controller_epoch = -1
         self.epochs: dict[tuple[str, int], tuple[int, int]] = {}  # (leader_epoch, partition_epoch)
         self._runner: web.AppRunner | None = None
@@ -27,7 +28,7 @@ class FakeBroker:
         app = web.Application()
         for api in ("leader_and_isr", "update_metadata", "stop_replica"):
             app.router.add_post(f"/v1/{api}", self._handler(api))
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", port)
         await site.start()
@@ -41,6 +42,8 @@ class FakeBroker:
     def _handler(self, api: str) -> Callable[[web.Request], Any]:
         async def handle(request: web.Request) -> web.StreamResponse:
             body = decode_body(await request.read())
+            if self.hang:
+                await asyncio.sleep(3600)
             if self.fail_next > 0:
                 self.fail_next -= 1
                 raise web.HTTPServiceUnavailable(text="injected failure")

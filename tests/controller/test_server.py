@@ -404,3 +404,19 @@ async def test_a_journal_failure_is_fatal_and_acknowledges_nothing(h: Harness) -
     await h.stop_controller()
     await h.start_controller()
     assert (await h.call("metadata", {"topics": None}))["topics"] == []
+
+
+async def test_a_hung_broker_does_not_delay_the_others(h: Harness) -> None:
+    for b in (1, 2, 3):
+        await h.add_broker(b)
+    h.brokers[1].hang = True  # accepts connections, never answers
+    assert await h.create("t", 6, 2) == 0
+    for b in (2, 3):
+        fb = h.brokers[b]
+
+        def told(fb: FakeBroker = fb, b: int = b) -> bool:
+            mine = {tp.partition for tp, st in h.c.image.partitions.items() if b in st.replicas}
+            return {s["partition"] for s in fb.states()} == mine
+
+        await eventually(told, timeout_s=3, what=f"LeaderAndIsr at broker {b} while broker 1 hangs")
+    assert h.brokers[1].states() == []
