@@ -69,6 +69,9 @@ async def test_acked_lines_survive_a_leader_sigkill_and_restart(cluster_dir: tup
     victim = topic["partitions"][0]["leader"]
 
     env = {**os.environ, "MINIBROKER_BOOTSTRAP": bootstrap}
+    # a consumer that reads while the leader dies and comes back (stops after 8 s without data)
+    live = asyncio.create_task(run("consume", TOPIC, "--from-beginning", "--format", "json", "--timeout-ms", "8000",
+                                   "--bootstrap", bootstrap, timeout_s=170))
     producer = await asyncio.create_subprocess_exec(
         *minibroker(), "produce", TOPIC, "--acks", "all", "--delivery-report", stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
@@ -94,6 +97,9 @@ async def test_acked_lines_survive_a_leader_sigkill_and_restart(cluster_dir: tup
         out = (await asyncio.wait_for(out_task, 150)).decode()
         err = (await asyncio.wait_for(err_task, 30)).decode()
         await asyncio.wait_for(producer.wait(), 30)
+    except BaseException:
+        live.cancel()  # run() kills its process when cancelled
+        raise
     finally:
         if producer.returncode is None:
             producer.kill()
@@ -110,6 +116,12 @@ async def test_acked_lines_survive_a_leader_sigkill_and_restart(cluster_dir: tup
     at = {(r["partition"], r["offset"]): r["value"] for r in consumed}
     missing = [v for v, pos in acked.items() if at.get(pos) != v]
     assert not missing, f"{len(missing)} acknowledged lines missing, e.g. {missing[:3]}"
+    status, out, err = await live
+    assert status == 0, err
+    live_records = [json.loads(line) for line in out.splitlines()]
+    live_positions = [(r["partition"], r["offset"]) for r in live_records]
+    assert len(live_positions) == len(set(live_positions)), "the live consumer returned a record twice"
+    assert sorted(live_positions) == sorted(at), "the live consumer saw a different log than the later one"
     for p in (0, 1, 2):
         offsets = [r["offset"] for r in consumed if r["partition"] == p]
         assert offsets == sorted(offsets) and len(offsets) == len(set(offsets))
