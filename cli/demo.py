@@ -130,6 +130,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     configure_client_logging()
     spec = cluster.up(spec, timeout_s=60)
     say("all 3 brokers registered with the controller")
+    status = 1
     try:
         status = asyncio.run(run_demo(spec, args.records))
     except Exception as exc:
@@ -140,8 +141,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     finally:
         say("stopping the cluster")
         cluster.stop_members(list(reversed(cluster.load(Path(spec.data_dir)).members)))
-        if temp and not args.keep:
+        if temp and not args.keep and status == 0:
             shutil.rmtree(data_dir, ignore_errors=True)
+        elif status != 0:
+            say(f"data and logs kept in {spec.data_dir}")
     say("done" if status == 0 else "FAILED: acknowledged records are missing")
     return status
 
