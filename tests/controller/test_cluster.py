@@ -184,6 +184,7 @@ async def test_kill_leader_while_producing_loses_no_acknowledged_record(cluster:
         first = await c.wait_leading("orders")
         acked: list[bytes] = []
         killed_at: list[float] = []
+        recovered_at: list[float] = []
         victim = first["leader"]
 
         async def producer() -> None:
@@ -197,6 +198,8 @@ async def test_kill_leader_while_producing_loses_no_acknowledged_record(cluster:
                 except RpcError:
                     r = {"error": int(ErrorCode.NETWORK_EXCEPTION)}
                 if r["error"] == 0:
+                    if killed_at and not recovered_at:
+                        recovered_at.append(time.monotonic())
                     acked.extend(values)
                     if len(acked) >= 100 and not killed_at:
                         P.kill(c.brokers[victim])
@@ -216,8 +219,11 @@ async def test_kill_leader_while_producing_loses_no_acknowledged_record(cluster:
         await producer()
         assert killed_at, "the leader was killed mid-stream"
         after = await c.wait_leading("orders")
-        print(f"\nfailover: leader {victim} -> {after['leader']} "
-              f"(controller epoch unchanged, leader_epoch {first['leader_epoch']} -> {after['leader_epoch']})")
+        fenced = [e for e in c.controller.events("broker_fenced") if e["broker_id"] == victim] if c.controller else []
+        print(f"\nfailover: leader {victim} -> {after['leader']}, leader_epoch {first['leader_epoch']} -> "
+              f"{after['leader_epoch']}; {len(acked)} records acknowledged; fenced by {fenced[0]['reason']}; "
+              f"kill -> first acks=all write acknowledged by the new leader: "
+              f"{(recovered_at or [float('nan')])[0] - killed_at[0]:.2f} s (session timeout {SESSION_MS} ms)")
         assert after["leader"] != victim and after["leader"] in first["isr"]
         assert after["leader_epoch"] > first["leader_epoch"] and victim not in after["isr"]
         assert len(acked) > 100, "writes continued after the failover"
