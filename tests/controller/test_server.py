@@ -15,7 +15,7 @@ from common.clock import ManualClock
 from common.config import controller_config
 from common.errors import ErrorCode
 from common.http import RpcClient
-from common.wire import CONTENT_TYPE, TopicPartition, encode
+from common.wire import CONTENT_TYPE, TopicPartition, decode, encode
 from controller.controller import Controller
 from controller.server import make_app
 from tests.controller.fakes import FakeBroker, eventually
@@ -420,3 +420,83 @@ async def test_a_hung_broker_does_not_delay_the_others(h: Harness) -> None:
 
         await eventually(told, timeout_s=3, what=f"LeaderAndIsr at broker {b} while broker 1 hangs")
     assert h.brokers[1].states() == []
+
+
+def _random_value(rng: Any, depth: int = 0) -> Any:
+    kinds = ["int", "neg", "str", "bool", "none", "bin", "float"] + (["list", "map"] if depth < 3 else [])
+    kind = rng.choice(kinds)
+    if kind == "int":
+        return rng.choice([0, 1, 2, 3, 2**31, 2**63 - 1])
+    if kind == "neg":
+        return rng.choice([-1, -2, -(2**63)])
+    if kind == "str":
+        return rng.choice(["", "t", "a b", "x" * 300, "127.0.0.1", "min.insync.replicas"])
+    if kind == "bool":
+        return rng.random() < 0.5
+    if kind == "none":
+        return None
+    if kind == "bin":
+        return b"\x00\xff"
+    if kind == "float":
+        return 1.5
+    if kind == "list":
+        return [_random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    keys = ["node_id", "host", "port", "broker_id", "broker_epoch", "topics", "topic", "partitions", "partition",
+            "leader_epoch", "partition_epoch", "new_isr", "new_isr_broker_epochs", "name", "num_partitions",
+            "replication_factor", "configs", "want_shutdown", "incarnation_id"]
+    return {rng.choice(keys): _random_value(rng, depth + 1) for _ in range(rng.randint(0, 6))}
+
+
+def _templated(api: str, rng: Any) -> Any:
+    """A body shaped like the real one, with random values in the leaves."""
+    v = _random_value
+    if api == "create_topics":
+        return {"topics": [{"name": rng.choice(["t", "new", v(rng)]), "num_partitions": v(rng),
+                            "replication_factor": rng.choice([1, v(rng)]),
+                            "configs": rng.choice([{}, {"min.insync.replicas": v(rng)}, v(rng)])}]}
+    if api == "alter_partition":
+        return {"broker_id": rng.choice([1, v(rng)]), "broker_epoch": rng.choice([1, 2, v(rng)]), "topics": [
+            {"topic": rng.choice(["t", v(rng)]), "partitions": [
+                {"partition": rng.choice([0, 1, 7, v(rng)]), "leader_epoch": rng.choice([0, v(rng)]),
+                 "partition_epoch": rng.choice([0, v(rng)]), "new_isr": rng.choice([[1], [], [1, 1], v(rng)]),
+                 "new_isr_broker_epochs": rng.choice([[], [{"broker_id": 1, "broker_epoch": v(rng)}], v(rng)])}]}]}
+    if api == "broker_registration":
+        return {"node_id": rng.choice([1, 2, v(rng)]), "host": rng.choice(["127.0.0.1", v(rng)]),
+                "port": rng.choice([9, v(rng)]), "incarnation_id": v(rng)}
+    if api in ("broker_heartbeat", "controlled_shutdown"):
+        return {"node_id": rng.choice([1, v(rng)]), "broker_epoch": rng.choice([1, 2, v(rng)]),
+                "want_shutdown": v(rng)}
+    return {"topics": rng.choice([None, ["t"], [v(rng)], v(rng)])}
+
+
+async def test_random_bodies_never_crash_or_500(h: Harness) -> None:
+    import random
+
+    await h.add_broker(1)
+    assert await h.create("t", 2, 1) == 0
+    rng = random.Random(6)
+    apis = ["broker_registration", "broker_heartbeat", "alter_partition", "create_topics", "controlled_shutdown",
+            "delete_topics", "metadata"]
+    async with aiohttp.ClientSession() as session:
+        for _ in range(300):
+            api = rng.choice(apis)
+            roll = rng.random()
+            if roll < 0.2:
+                body = _random_value(rng)
+            elif roll < 0.6:
+                body = _templated(api, rng)
+            else:
+                body = {k: _random_value(rng) for k in rng.sample(
+                    ["node_id", "host", "port", "broker_id", "broker_epoch", "topics", "want_shutdown"],
+                    rng.randint(1, 5))}
+            async with session.post(f"http://{h.address}/v1/{api}", data=encode(body),
+                                    headers={"Content-Type": CONTENT_TYPE}) as resp:
+                assert resp.status in (200, 400), (api, body, resp.status)
+                if resp.status == 200:
+                    doc = await resp.read()
+                    assert doc  # a msgpack map
+                    assert decode(doc).get("error") != -1, (api, body, decode(doc))
+    status = await h.rpc.get_json(h.address, "/v1/status")
+    assert status["role"] == "controller"
+    for p in h.c.image.partitions.values():
+        assert p.isr and (p.leader == -1 or p.leader in p.isr)
