@@ -53,6 +53,9 @@ class Metrics:
                                    registry=self.registry)
         self.journal_records = Counter("minibroker_controller_journal_records", "records committed",
                                        registry=self.registry)
+        self.propagation_failures = Counter("minibroker_controller_propagation_failures",
+                                            "control requests to a broker that failed (retried)", ["broker"],
+                                            registry=self.registry)
 
 
 class Controller:
@@ -64,7 +67,7 @@ class Controller:
         self.rng = rng or random.Random()
         self.image = MetadataImage()
         self.metrics = Metrics()
-        self.propagator = Propagator(lambda: self.image, transport)
+        self.propagator = Propagator(lambda: self.image, transport, on_failure=self._count_propagation_failure)
         self.last_heard: dict[int, int] = {}  # unfenced brokers -> monotonic ms of last heartbeat
         self.shutting_down: set[int] = set()
         self._journal: Journal | None = None
@@ -72,6 +75,9 @@ class Controller:
         self._tasks: list[asyncio.Task[None]] = []
         self._stall_guard = stall_guard  # off in tests that move a ManualClock by hand
         self.fatal = asyncio.Event()  # set when the controller cannot go on (journal write failed)
+
+    def _count_propagation_failure(self, node_id: int) -> None:
+        self.metrics.propagation_failures.labels(broker=str(node_id)).inc()
 
     # --- configuration shortcuts ---
 

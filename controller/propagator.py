@@ -114,6 +114,7 @@ class BrokerSender:
                 work.merge(self.pending)
                 self.pending = work
                 self.failures += 1
+                self._p.on_failure(self.node_id)
                 await asyncio.sleep(backoff)
                 backoff = min(MAX_BACKOFF_S, backoff * 2)
 
@@ -151,8 +152,10 @@ class BrokerSender:
 class Propagator:
     """Owns the per-broker senders; the controller tells it what changed after each commit."""
 
-    def __init__(self, image_fn: Callable[[], MetadataImage], transport: Transport | None = None) -> None:
+    def __init__(self, image_fn: Callable[[], MetadataImage], transport: Transport | None = None, *,
+                 on_failure: Callable[[int], None] | None = None) -> None:
         self._image_fn = image_fn
+        self.on_failure: Callable[[int], None] = on_failure or (lambda _node_id: None)
         self.transport: Transport = transport if transport is not None else RpcClient(limit_per_host=4)
         self._senders: dict[int, BrokerSender] = {}
         self._closed = False

@@ -311,6 +311,7 @@ async def test_propagation_retries_until_acknowledged(h: Harness) -> None:
     assert await h.create("t", 1, 1) == 0
     await eventually(lambda: fb.latest("t", 0) is not None, what="LeaderAndIsr after failures")
     assert h.c.propagator.senders()[1].failures >= 1
+    assert 'minibroker_controller_propagation_failures_total{broker="1"}' in await _metrics(h)
 
 
 async def test_delete_topic_sends_stop_replica(h: Harness) -> None:
