@@ -57,7 +57,14 @@ from common.logging import get_logger
 from common.wire import TopicPartition
 from storage import checkpoint
 from storage.epoch_cache import EpochEntry, LeaderEpochCache
-from storage.record_batch import HEADER_SIZE, LOG_OVERHEAD, MIN_BATCH_LENGTH, BatchTooLargeError, BatchTooShortError
+from storage.record_batch import (
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    MIN_BATCH_LENGTH,
+    BatchTooLargeError,
+    BatchTooShortError,
+    InvalidBatchError,
+)
 from storage.segment import BatchMeta, LogSegment, log_path
 
 EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
@@ -181,7 +188,7 @@ class Log:
         try:
             dir.mkdir(parents=True, exist_ok=True)
             self._load(recovery_point, log_start_offset)
-        except OSError as exc:
+        except (OSError, InvalidBatchError, checkpoint.CheckpointError) as exc:
             self._close_segments()
             raise StorageError(f"{dir}: cannot open log: {exc}") from exc
         return self
@@ -443,7 +450,13 @@ class Log:
         return self.epoch_cache.latest_epoch()
 
     def maybe_assign_epoch_start_offset(self, epoch: int, start_offset: int) -> None:
-        """What a new leader does: its epoch starts at its LEO."""
+        """What a new leader does: its epoch starts at its LEO (a stale epoch is ignored).
+
+        ``start_offset`` must be the LEO: an earlier one would claim batches already written under
+        older epochs, and recovery checks every batch's epoch against this cache."""
+        if start_offset != self.log_end_offset:
+            raise ValueError(f"{self.topic_partition}: epoch {epoch} must start at the LEO "
+                             f"{self.log_end_offset}, not {start_offset}")
         self.epoch_cache.assign(epoch, start_offset)
 
     @property
