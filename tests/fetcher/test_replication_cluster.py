@@ -9,6 +9,7 @@ below the HW and every acknowledged record is at its acknowledged offset.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -57,8 +58,8 @@ class Cluster:
         return dict(await self.rpc.get_json(self.address(node_id), "/v1/status", timeout_s=10))
 
 
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+@contextlib.asynccontextmanager
+async def start_cluster(tmp_path: Path, settings: dict[str, Any]) -> AsyncIterator[Cluster]:
     from tests.fake_controller import FakeController
 
     controller = await FakeController().start()
@@ -68,13 +69,19 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
         brokers = {}
         for n in (1, 2, 3):
             brokers[n] = await asyncio.to_thread(procs.broker, n, tmp_path / f"broker{n}", controller.address,
-                                                 sets=BROKER_SETTINGS)
+                                                 sets=settings)
         await controller.wait_registered([1, 2, 3])
         yield Cluster(controller, procs, brokers, rpc)
     finally:
         await rpc.close()
         await asyncio.to_thread(procs.close)
         await controller.close()
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    async with start_cluster(tmp_path, BROKER_SETTINGS) as c:
+        yield c
 
 
 async def produce_batch(c: Cluster, tp: TopicPartition, batch_no: int, acks: int = -1) -> None:
@@ -252,3 +259,46 @@ async def wait_converged_partition(c: Cluster, tp: TopicPartition,
             return view
         await asyncio.sleep(0.1)
     raise AssertionError(f"{tp} did not converge: {view}")
+
+
+async def test_follower_far_behind_the_leaders_log_start_restarts_there(tmp_path: Path) -> None:
+    """A follower frozen while the leader's retention deleted what it lacks: OFFSET_OUT_OF_RANGE, then
+    the follower empties its log and starts at the leader's log start offset."""
+    from tests.procs import pause, resume
+
+    settings = {**BROKER_SETTINGS, "replica.lag.time.max.ms": 1_000, "log.retention.check.interval.ms": 100}
+    configs = {TOPIC: {"min.insync.replicas": 2, "segment.bytes": 250_000, "retention.bytes": 500_000}}
+    async with start_cluster(tmp_path, settings) as c:
+        tp = TPS[0]
+        await c.controller.elect(tp, leader=1, replicas=[1, 2, 3], topic_configs=configs)
+        for batch_no in range(2):
+            await produce_batch(c, tp, batch_no)
+        await wait_converged_partition(c, tp)
+        pause(c.brokers[3])
+        try:
+            for batch_no in range(2, 22):  # broker 3 leaves the ISR after replica.lag.time.max.ms
+                await produce_batch(c, tp, batch_no)
+            deadline = asyncio.get_running_loop().time() + 30
+            while True:
+                leader = next(p for p in (await c.status(1))["partitions"] if p["topic"] == TOPIC
+                              and p["partition"] == tp.partition)
+                if leader["log_start_offset"] > 2 * PER_BATCH:
+                    break
+                assert asyncio.get_running_loop().time() < deadline, f"retention did not run: {leader}"
+                await asyncio.sleep(0.1)
+        finally:
+            resume(c.brokers[3])
+        views = await wait_converged_partition(c, tp)
+        start = views[3]["log_start_offset"]
+        assert start >= leader["log_start_offset"] > 2 * PER_BATCH
+        fully = [e for e in c.brokers[3].events("follower_truncated") if e.get("fully")]
+        assert fully and fully[0]["reason"] == "out_of_range:leader_start_above_local_end"
+        # (a fetch in flight when it froze may have brought it one more batch)
+        assert 2 * PER_BATCH <= fully[0]["from_offset"] < fully[0]["to_offset"] <= start
+        hw = views[1]["high_watermark"]
+        await asyncio.to_thread(c.procs.close)
+        follower = read_batches(tmp_path / "broker3", tp, hw)
+        leader_bytes = read_batches(tmp_path / "broker1", tp, hw)
+        assert follower and leader_bytes.endswith(follower)
+        assert_acked_in_place(leader_bytes, tp, [(b, n) for b, n in c.acked[tp] if b >= start])
+        assert_acked_in_place(follower, tp, [(b, n) for b, n in c.acked[tp] if b >= start])
