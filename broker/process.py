@@ -118,7 +118,7 @@ class BrokerProcess:
         await log_manager.load()
         rm = ReplicaManager(o.node_id, o.config, self.clock, log_manager, MetadataCache(cluster_id),
                             BrokerMetrics())
-        rm.fetcher = ReplicaFetcherManager(rm, o.config, self.clock)
+        rm.fetcher = ReplicaFetcherManager(rm, o.config, self.clock, registry=rm.metrics.registry)
         # retention never deletes past the HW; the manager's periodic flush/retention/checkpoints run here
         log_manager.high_watermarks = rm.high_watermarks
         log_manager.start()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import aiohttp
+
 from common.errors import ErrorCode
 from common.http import RpcClient
 from storage.record_batch import iter_batches
@@ -45,3 +47,5 @@ async def test_follower_replicates_and_acks_all_completes(start_broker: StartBro
     await wait_until(lambda: b1.rm is not None and b1.rm.partitions[TP].log_end_offset == 9)
     data = b1.rm.partitions[TP].log.read(0, 1 << 20).records
     assert [(h.base_offset, h.partition_leader_epoch) for _, h in iter_batches(data)] == [(0, 0), (3, 0), (5, 1)]
+    async with aiohttp.ClientSession() as s, s.get(f"http://{b1.address}/metrics") as resp:
+        assert "minibroker_fetcher_requests_total" in await resp.text()  # the fetcher's series on /metrics
