@@ -391,3 +391,70 @@ def test_damaged_segment_below_recovery_point_is_recovered_not_raised(pdir: Path
     assert log.segments[0].size == 0 and log.segments[1].size > 0
     assert log.log_end_offset == end  # the later segments are intact
     log.close()
+
+
+def test_write_failure_makes_the_log_unusable_not_torn(pdir: Path) -> None:
+    import os
+
+    from storage.log import StorageError
+
+    log = open_log(pdir)
+    log.append_as_leader(batch(2), 0)
+    seg = log.segments[-1]
+    size = seg.size
+    ro = os.open(pdir / "00000000000000000000.log", os.O_RDONLY)
+    os.dup2(ro, seg.fd)  # the segment's descriptor now refuses writes (EBADF)
+    os.close(ro)
+    with pytest.raises(StorageError):
+        log.append_as_leader(batch(1), 0)
+    with pytest.raises(StorageError):
+        log.read(0, 100)
+    assert log.log_end_offset == 2 and (pdir / "00000000000000000000.log").stat().st_size == size
+    log.close()
+
+
+def test_batch_larger_than_a_segment_refused(pdir: Path) -> None:
+    log = open_log(pdir, segment_bytes=1024)
+    with pytest.raises(rb.BatchTooLargeError):
+        log.append_as_leader(batch(1, size=2000), 0)
+    with pytest.raises(rb.BatchTooLargeError):
+        log.append_as_follower(batch(1, size=2000))
+    assert log.log_end_offset == 0
+    log.close()
+
+
+def test_recovery_of_a_torn_middle_segment_drops_the_later_ones(pdir: Path) -> None:
+    log = open_log(pdir, segment_bytes=1000)
+    for _ in range(8):
+        log.append_as_leader(batch(1, size=250), 0)
+    bases = [s.base_offset for s in log.segments]
+    assert bases[:3] == [0, 3, 6]
+    log.close()
+    middle = pdir / f"{bases[1]:020d}.log"
+    middle.write_bytes(middle.read_bytes()[:-7])
+    log = Log.open(pdir, LogConfig(segment_bytes=1000), ManualClock(TS), recovery_point=bases[1])
+    assert [s.base_offset for s in log.segments] == bases[:2]
+    assert log.log_end_offset == 5  # the torn batch and everything after it are gone
+    assert sorted(p.name for p in pdir.glob("*.log")) == [f"{b:020d}.log" for b in bases[:2]]
+    log.close()
+
+
+def test_read_never_returns_a_batch_crossing_max_offset(pdir: Path) -> None:
+    log = open_log(pdir)
+    log.append_as_leader(batch(5), 0)
+    for start in range(5):
+        assert log.read(start, 1 << 20, max_offset=4).records == b""
+    assert log.read(0, 1 << 20, max_offset=5).first_offset == 0
+    log.close()
+
+
+def test_timestamp_lookup_after_truncation(pdir: Path) -> None:
+    log = open_log(pdir, index_interval_bytes=50)
+    for i in range(20):
+        log.append_as_leader(batch(1, ts=TS + 100 * i, size=60), 0)
+    log.truncate_to(10)
+    assert log.fetch_offset_by_timestamp(TS + 950) is None
+    assert log.fetch_offset_by_timestamp(TS + 850) == TimestampOffset(TS + 900, 9, 0)
+    log.append_as_leader(batch(1, ts=TS + 5000), 0)
+    assert log.fetch_offset_by_timestamp(TS + 950) == TimestampOffset(TS + 5000, 10, 0)
+    log.close()

@@ -88,3 +88,15 @@ async def test_tick_runs_retention_bounded_by_hw_and_checkpoints(tmp_path: Path)
     assert len(lg.segments) < segments and lg.log_start_offset == lg.segments[0].base_offset
     mgr.start()
     await mgr.close()
+
+
+async def test_invalid_topic_partition_refused(tmp_path: Path) -> None:
+    import pytest
+
+    mgr = LogManager(tmp_path, broker_config(), ManualClock(TS))
+    await mgr.load()
+    for tp in (TopicPartition("", 0), TopicPartition("a/b", 0), TopicPartition("..", 0), TopicPartition("t", -1)):
+        with pytest.raises(ValueError):
+            await mgr.get_or_create_log(tp, LogConfig())
+    assert list(tmp_path.iterdir()) == []
+    await mgr.close()
