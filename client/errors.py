@@ -11,6 +11,7 @@ from __future__ import annotations
 from common.errors import ErrorCode, MinibrokerError, error_for
 
 __all__ = [
+    "BufferExhaustedError",
     "ClientError",
     "DeliveryTimeoutError",
     "ErrorCode",
@@ -38,6 +39,12 @@ class NoBrokersAvailableError(ClientError):
     code = ErrorCode.NETWORK_EXCEPTION
 
 
+class BufferExhaustedError(ClientError):
+    """``buffer.memory`` stayed full for ``max.block.ms`` (Kafka's BufferExhaustedException)."""
+
+    code = ErrorCode.REQUEST_TIMED_OUT
+
+
 class ProducerClosedError(ClientError):
     """``send`` after ``close``."""
 
@@ -46,6 +53,8 @@ def error_name(exc: BaseException) -> str:
     """The short name used in delivery reports: the wire code's name, else the class name."""
     if isinstance(exc, DeliveryTimeoutError):
         return "DELIVERY_TIMEOUT"
+    if isinstance(exc, BufferExhaustedError):
+        return "BUFFER_EXHAUSTED"
     if isinstance(exc, NoBrokersAvailableError):
         return "NO_BROKERS_AVAILABLE"
     if isinstance(exc, MinibrokerError) and not isinstance(exc, ClientError):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from client.accumulator import ProducerBatch, RecordAccumulator, record_size
-from client.errors import DeliveryTimeoutError, NoBrokersAvailableError, ProducerClosedError
+from client.errors import BufferExhaustedError, DeliveryTimeoutError, NoBrokersAvailableError, ProducerClosedError
 from client.metadata import MetadataCache, parse_bootstrap
 from client.partitioner import StickyPartitioner
 from common.clock import Clock, SystemClock
@@ -221,16 +221,27 @@ class Producer:
             if self._sender is None:
                 await self.start()
             await self._num_partitions(topic)
-            while self._acc.buffered_bytes >= self.config.buffer_memory and not self._closed:
-                self._space.clear()
-                self._wake.set()
-                await self._space.wait()
+            await self._wait_for_space()
             fut = self.send_nowait(topic, value, key=key, partition=partition, timestamp_ms=timestamp_ms)
         if fut.index == 0:
             # a batch was opened (the previous one is full or sent): let the sender and answers run, as
             # Kafka's sender thread would meanwhile
             await asyncio.sleep(0)
         return fut
+
+    async def _wait_for_space(self) -> None:
+        """Until ``buffer.memory`` has room; BufferExhaustedError after ``max.block.ms`` (as Kafka)."""
+        deadline = self._clock.monotonic_ms() + self.config.max_block_ms
+        while self._acc.buffered_bytes >= self.config.buffer_memory and not self._closed:
+            self._space.clear()
+            self._wake.set()
+            remaining_ms = deadline - self._clock.monotonic_ms()
+            try:
+                await asyncio.wait_for(self._space.wait(), max(remaining_ms, 0) / 1000)
+            except TimeoutError:
+                raise BufferExhaustedError(
+                    f"no room in buffer.memory={self.config.buffer_memory} within max.block.ms="
+                    f"{self.config.max_block_ms}") from None
 
     async def send_and_wait(self, topic: str, value: bytes | None, **kw: Any) -> RecordMetadata:
         return await (await self.send(topic, value, **kw))

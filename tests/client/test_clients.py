@@ -271,3 +271,20 @@ async def test_random_leader_moves_and_errors_lose_nothing_and_repeat_nothing(fa
     for p in range(3):
         offsets = [o for q, o in seen if q == p]
         assert offsets == sorted(offsets)
+
+
+async def test_send_gives_up_after_max_block_ms_when_the_buffer_stays_full(fake: FakeCluster) -> None:
+    from client.errors import BufferExhaustedError
+
+    tp = TopicPartition(TOPIC, 0)
+    fake.errors[tp].extend([ErrorCode.NOT_ENOUGH_REPLICAS] * 10_000)  # nothing is ever acknowledged
+    config = fast(buffer_memory=1_000, batch_size=500, linger_ms=0, max_block_ms=200, delivery_timeout_ms=60_000)
+    producer = Producer(fake.bootstrap, config)
+    await producer.start()
+    try:
+        with pytest.raises(BufferExhaustedError, match="max.block.ms=200"):
+            for _ in range(100):
+                await producer.send(TOPIC, b"x" * 90, partition=0)
+    finally:
+        fake.errors[tp].clear()
+        await producer.close()
