@@ -282,7 +282,7 @@ async def test_send_gives_up_after_max_block_ms_when_the_buffer_stays_full(fake:
     producer = Producer(fake.bootstrap, config)
     await producer.start()
     try:
-        with pytest.raises(BufferExhaustedError, match="max.block.ms=200"):
+        with pytest.raises(BufferExhaustedError, match=r"max\.block\.ms=200"):
             for _ in range(100):
                 await producer.send(TOPIC, b"x" * 90, partition=0)
     finally:
