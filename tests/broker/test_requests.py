@@ -247,3 +247,23 @@ async def test_control_requests_refuse_bad_topic_names(start_broker: StartBroker
         await controller.send_leader_and_isr(b.address, [state])
     assert sorted(p.name for p in b.opts.data_dir.iterdir() if p.is_dir()) == []
     assert not (b.opts.data_dir.parent / "evil-0").exists()
+
+
+async def test_mixed_partitions_acks0_stale_stop_and_deleted_topic(start_broker: StartBroker,
+                                                                   controller: FakeController,
+                                                                   rpc: RpcClient) -> None:
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1])
+    await controller.elect(TP, leader=1, replicas=[1])  # leader epoch 1
+    body = produce_body(batch(2), acks=0)
+    body["topics"][0]["partitions"].append({"partition": 9, "records": batch(2)})
+    r = await rpc.call(b.address, "produce", body)
+    errors = {p["partition"]: p["error"] for p in r["topics"][0]["partitions"]}
+    assert errors == {0: 0, 9: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION}  # acks=0 still answers per partition
+    stale = await controller.send_stop_replica(b.address, TP, leader_epoch=0)
+    assert stale["partitions"][0]["error"] == ErrorCode.FENCED_LEADER_EPOCH
+    assert part(await rpc.call(b.address, "fetch", fetch_body(0)))["log_end_offset"] == 2
+    controller.partitions.pop(TP)
+    await controller.send_update_metadata(b.address, deleted_topics=[TP.topic])
+    md = await rpc.call(b.address, "metadata", {"topics": [TP.topic]})
+    assert md["topics"][0]["error"] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
