@@ -56,6 +56,7 @@ from common.errors import ErrorCode, MinibrokerError
 from common.logging import get_logger
 from common.wire import TopicPartition
 from storage import checkpoint
+from storage import index as ix
 from storage.epoch_cache import EpochEntry, LeaderEpochCache
 from storage.record_batch import (
     HEADER_SIZE,
@@ -499,15 +500,23 @@ class Log:
         if not segs:
             return
         upto, generation = segs[-1].next_offset, self._generation
-        fds = [os.dup(s.fd) for s in segs]
+        fds = [os.dup(s.fd) for s in segs]  # a deletion meanwhile closes the originals, not these
+        for s in segs:
+            for path in (ix.offset_index_path(s.dir, s.base_offset), ix.time_index_path(s.dir, s.base_offset)):
+                with contextlib.suppress(FileNotFoundError):
+                    fds.append(os.open(path, os.O_RDONLY))
         try:
             await asyncio.to_thread(_fsync_all, fds)
+        except OSError as exc:
+            self._fail(exc)
         finally:
             for fd in fds:
                 os.close(fd)
+        if generation != self._generation:
+            return  # truncated meanwhile: those segments may hold new, unflushed data
         for s in segs:
             s.unflushed = False
-        if generation == self._generation and not any(s.unflushed for s in self.segments[:-1]):
+        if not any(s.unflushed for s in self.segments[:-1]):
             self.recovery_point = max(self.recovery_point, min(upto, self.log_end_offset))
 
     def maybe_flush(self) -> None:
