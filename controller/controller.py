@@ -28,9 +28,16 @@ from common.logging import get_logger
 from common.wire import TopicPartition
 from controller import ops
 from controller.journal import Journal, JournalBrokenError
-from controller.propagator import Propagator, Transport
+from controller.propagator import DELETE_EPOCH, Propagator, Transport
 from controller.rules import ElectionReason, expired_brokers
-from controller.state import NO_LEADER, ControllerEpochRecord, MetadataImage, RemoveTopicRecord, TopicRecord
+from controller.state import (
+    NO_LEADER,
+    ControllerEpochRecord,
+    MetadataImage,
+    RemoveTopicRecord,
+    TopicRecord,
+    TopicStoppedRecord,
+)
 
 log = get_logger("controller")
 
@@ -67,7 +74,9 @@ class Controller:
         self.rng = rng or random.Random()
         self.image = MetadataImage()
         self.metrics = Metrics()
-        self.propagator = Propagator(lambda: self.image, transport, on_failure=self._count_propagation_failure)
+        self.propagator = Propagator(lambda: self.image, transport, on_failure=self._count_propagation_failure,
+                                     on_stopped=self._replicas_deleted)
+        self._background: set[asyncio.Task[None]] = set()
         self.last_heard: dict[int, int] = {}  # unfenced brokers -> monotonic ms of last heartbeat
         self.shutting_down: set[int] = set()
         self._journal: Journal | None = None
@@ -75,6 +84,21 @@ class Controller:
         self._tasks: list[asyncio.Task[None]] = []
         self._stall_guard = stall_guard  # off in tests that move a ManualClock by hand
         self.fatal = asyncio.Event()  # set when the controller cannot go on (journal write failed)
+
+    def _replicas_deleted(self, node_id: int, tps: list[TopicPartition]) -> None:
+        """A broker acknowledged StopReplica(delete): record it (a task: the sender must not wait on the lock)."""
+        task = asyncio.get_running_loop().create_task(self._confirm_deleted(node_id, {tp.topic for tp in tps}))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _confirm_deleted(self, node_id: int, topics: set[str]) -> None:
+        async with self._lock:
+            records = [TopicStoppedRecord(t, node_id) for t in sorted(topics)
+                       if node_id in self.image.deleting.get(t, {})]
+            await self._commit(ops.Plan(list(records)))
+        for r in records:
+            if r.name not in self.image.deleting:
+                log.info("topic_deletion_completed", topic=r.name)
 
     def _count_propagation_failure(self, node_id: int) -> None:
         self.metrics.propagation_failures.labels(broker=str(node_id)).inc()
@@ -120,6 +144,7 @@ class Controller:
 
     async def close(self) -> None:
         self.metrics.active.set(0)
+        self._tasks.extend(self._background)
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -193,12 +218,13 @@ class Controller:
                 new_tps.add(c.tp)
             for r in c.new.replicas:
                 lai.setdefault(r, []).append(c.tp)
-        deleted = [r.name for r in plan.records if isinstance(r, RemoveTopicRecord) and r.name in old_topics]
+        removed = [rec for rec in plan.records if isinstance(rec, RemoveTopicRecord) and rec.name in old_topics]
+        deleted = [rec.name for rec in removed]
         stops: dict[int, dict[TopicPartition, int]] = {}
-        for tp, st in old_partitions.items():
-            if tp.topic in deleted:
-                for r in st.replicas:
-                    stops.setdefault(r, {})[tp] = st.leader_epoch
+        for rec in removed:
+            for b, parts in rec.pending.items():
+                for p in parts:
+                    stops.setdefault(int(b), {})[TopicPartition(rec.name, p)] = DELETE_EPOCH
         changed_tps = [c.tp for c in plan.changes]
         changed_topics = [r.name for r in plan.records if isinstance(r, TopicRecord)]
         for b in self.image.unfenced():

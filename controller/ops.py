@@ -231,6 +231,11 @@ def _check_topic(image: MetadataImage, t: NewTopic, seen: set[str], brokers: Seq
         return TopicResult(name, ErrorCode.INVALID_TOPIC_EXCEPTION, problem)
     if t.name in image.topics or t.name in seen:
         return TopicResult(name, ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+    if t.name in image.deleting:
+        # Kafka: "marked for deletion"; a new topic must not reuse replicas a broker has not deleted yet
+        waiting = sorted(image.deleting[t.name])
+        return TopicResult(name, ErrorCode.TOPIC_ALREADY_EXISTS,
+                           f"topic {name!r} is still being deleted (waiting for brokers {waiting})")
     n = t.num_partitions if t.num_partitions not in (None, -1) else default_partitions
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 10_000:
         return TopicResult(name, ErrorCode.INVALID_PARTITIONS, f"num_partitions must be 1..10000, got {n!r}")
@@ -256,7 +261,11 @@ def delete_topics(image: MetadataImage, names: Sequence[Any]) -> tuple[Plan, lis
         if any(isinstance(r, RemoveTopicRecord) and r.name == name for r in plan.records):
             results.append(TopicResult(name, ErrorCode.NONE))
             continue
-        plan.records.append(RemoveTopicRecord(name))
+        pending: dict[int, list[int]] = {}
+        for tp in image.topic_partitions(name):
+            for b in image.partitions[tp].replicas:
+                pending.setdefault(b, []).append(tp.partition)
+        plan.records.append(RemoveTopicRecord(name, pending))
         results.append(TopicResult(name, ErrorCode.NONE))
     return plan, results
 

@@ -37,6 +37,7 @@ CONTROLLER_ID = 3000  # KRaft convention: controller node ids live apart from br
 MAX_BACKOFF_S = 1.0
 MIN_BACKOFF_S = 0.05
 RPC_TIMEOUT_S = 5.0
+DELETE_EPOCH = -2  # Kafka's EpochDuringDelete: a StopReplica with delete always applies
 
 
 class Transport(Protocol):
@@ -57,7 +58,7 @@ def live_endpoints(image: MetadataImage) -> list[dict[str, Any]]:
 @dataclass(slots=True)
 class _Pending:
     leader_and_isr: dict[TopicPartition, bool] = field(default_factory=dict)  # tp -> is_new
-    stop: dict[TopicPartition, int] = field(default_factory=dict)  # tp -> leader_epoch at deletion
+    stop: dict[TopicPartition, int] = field(default_factory=dict)  # tp -> leader epoch (DELETE_EPOCH)
     deleted_topics: set[str] = field(default_factory=set)
     metadata: bool = False  # an UpdateMetadata is due (at least the live brokers changed)
     metadata_full: bool = False  # ... carrying every partition and topic config
@@ -120,8 +121,11 @@ class BrokerSender:
 
     async def _send_round(self, reg: BrokerRegistration, work: _Pending) -> bool:
         try:
-            if work.stop and not await self._call(reg, "stop_replica", self._p.stop_replica_body(reg, work)):
-                return False
+            if work.stop:
+                if not await self._call(reg, "stop_replica", self._p.stop_replica_body(reg, work),
+                                        per_partition=True):
+                    return False
+                self._p.on_stopped(self.node_id, list(work.stop))
             work.stop.clear()
             if work.leader_and_isr:
                 body = self._p.leader_and_isr_body(reg, work.leader_and_isr)
@@ -137,9 +141,17 @@ class BrokerSender:
         self.sent_ok += 1
         return True
 
-    async def _call(self, reg: BrokerRegistration, api: str, body: dict[str, Any]) -> bool:
+    async def _call(self, reg: BrokerRegistration, api: str, body: dict[str, Any], *,
+                    per_partition: bool = False) -> bool:
+        """True when acknowledged; with ``per_partition`` every partition must have succeeded too
+        (a StopReplica whose log deletion failed is retried)."""
         resp = await self._p.transport.call(reg.address, api, body, timeout_s=RPC_TIMEOUT_S)
         error = ErrorCode.of(int(resp.get("error", 0) or 0))
+        if error is ErrorCode.NONE and per_partition:
+            failed = [p for p in resp.get("partitions") or [] if isinstance(p, dict) and p.get("error")]
+            if failed:
+                log.warning("propagation_partition_errors", broker_id=self.node_id, api=api, partitions=failed[:5])
+                return False
         if error is ErrorCode.NONE:
             return True
         log.warning("propagation_refused", broker_id=self.node_id, api=api, error=error.name,
@@ -153,9 +165,11 @@ class Propagator:
     """Owns the per-broker senders; the controller tells it what changed after each commit."""
 
     def __init__(self, image_fn: Callable[[], MetadataImage], transport: Transport | None = None, *,
-                 on_failure: Callable[[int], None] | None = None) -> None:
+                 on_failure: Callable[[int], None] | None = None,
+                 on_stopped: Callable[[int, list[TopicPartition]], None] | None = None) -> None:
         self._image_fn = image_fn
         self.on_failure: Callable[[int], None] = on_failure or (lambda _node_id: None)
+        self.on_stopped: Callable[[int, list[TopicPartition]], None] = on_stopped or (lambda _n, _tps: None)
         self.transport: Transport = transport if transport is not None else RpcClient(limit_per_host=4)
         self._senders: dict[int, BrokerSender] = {}
         self._closed = False
@@ -201,7 +215,10 @@ class Propagator:
     def full_sync(self, node_id: int) -> None:
         """Everything a (re)registered broker must know: all its partitions and the whole metadata."""
         image = self._image_fn()
-        self.enqueue(node_id, partitions=[tp for tp, _ in image.partitions_of_broker(node_id)], metadata_full=True)
+        stops = {TopicPartition(name, p): DELETE_EPOCH
+                 for name, pending in image.deleting.items() for p in pending.get(node_id, ())}
+        self.enqueue(node_id, partitions=[tp for tp, _ in image.partitions_of_broker(node_id)], metadata_full=True,
+                     stop=stops, deleted_topics={tp.topic for tp in stops})
 
     def drop(self, node_id: int) -> None:
         sender = self._senders.get(node_id)

@@ -12,7 +12,8 @@ Records (``type`` on the wire):
   broker_fencing    {node_id, broker_epoch, fenced}
   topic             {name, configs}
   partition         {topic, partition, replicas, isr, leader, leader_epoch, partition_epoch}
-  remove_topic      {name}
+  remove_topic      {name, pending: {broker: [partition, ...]}}   replicas still to confirm the delete
+  topic_stopped     {name, broker}                 that broker deleted its replicas of the topic
 
 Liveness (heartbeat times) is not part of the image: it lives in the shell and is
 rebuilt after a restart by treating every unfenced broker as alive until its
@@ -21,7 +22,7 @@ session timeout (as KRaft keeps brokers unfenced from the log).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -113,11 +114,21 @@ class PartitionRecord:
 
 @dataclass(frozen=True, slots=True)
 class RemoveTopicRecord:
+    """The topic is gone from metadata; ``pending`` brokers still have to delete their replicas
+    (StopReplica with delete), so the name cannot be reused before they confirm."""
+
     name: str
+    pending: Mapping[int, Sequence[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicStoppedRecord:
+    name: str
+    broker: int
 
 
 Record = (ControllerEpochRecord | RegisterBrokerRecord | BrokerFencingRecord | TopicRecord | PartitionRecord
-          | RemoveTopicRecord)
+          | RemoveTopicRecord | TopicStoppedRecord)
 
 _TYPES: dict[str, type[Any]] = {
     "controller_epoch": ControllerEpochRecord,
@@ -126,6 +137,7 @@ _TYPES: dict[str, type[Any]] = {
     "topic": TopicRecord,
     "partition": PartitionRecord,
     "remove_topic": RemoveTopicRecord,
+    "topic_stopped": TopicStoppedRecord,
 }
 _NAMES = {cls: name for name, cls in _TYPES.items()}
 
@@ -165,6 +177,7 @@ class MetadataImage:
     brokers: dict[int, BrokerRegistration] = field(default_factory=dict)
     topics: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> topic configs
     partitions: dict[TopicPartition, PartitionState] = field(default_factory=dict)
+    deleting: dict[str, dict[int, tuple[int, ...]]] = field(default_factory=dict)  # topic -> broker -> partitions
 
     def apply(self, rec: Record) -> None:
         if isinstance(rec, ControllerEpochRecord):
@@ -185,6 +198,17 @@ class MetadataImage:
             self.topics.pop(rec.name, None)
             for tp in [tp for tp in self.partitions if tp.topic == rec.name]:
                 del self.partitions[tp]
+            pending = {int(b): tuple(ps) for b, ps in rec.pending.items() if ps}
+            if pending:
+                self.deleting[rec.name] = pending
+            else:
+                self.deleting.pop(rec.name, None)
+        elif isinstance(rec, TopicStoppedRecord):
+            left = self.deleting.get(rec.name)
+            if left is not None:
+                left.pop(rec.broker, None)
+                if not left:
+                    del self.deleting[rec.name]
         else:  # pragma: no cover - exhaustiveness
             raise AssertionError(f"unknown record {rec!r}")
 
@@ -211,6 +235,8 @@ class MetadataImage:
             records.append(TopicRecord(name, configs))
         for tp, st in self.partitions.items():
             records.append(PartitionRecord.of(tp, st))
+        for name, pending in self.deleting.items():
+            records.append(RemoveTopicRecord(name, {b: list(ps) for b, ps in pending.items()}))
         return {"last_broker_epoch": self.last_broker_epoch, "records": [record_to_dict(r) for r in records]}
 
     @classmethod

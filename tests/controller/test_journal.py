@@ -20,6 +20,7 @@ from controller.state import (
     RegisterBrokerRecord,
     RemoveTopicRecord,
     TopicRecord,
+    TopicStoppedRecord,
     record_from_dict,
     record_to_dict,
 )
@@ -32,7 +33,8 @@ OPS: list[list[Record]] = [
      PartitionRecord("t", 0, (1, 2), (1, 2), 1, 0, 0), PartitionRecord("t", 1, (2, 1), (2, 1), 2, 0, 0)],
     [BrokerFencingRecord(2, 2, True), PartitionRecord("t", 1, (2, 1), (1,), 1, 1, 1)],
     [TopicRecord("gone", {}), PartitionRecord("gone", 0, (1,), (1,), 1, 0, 0)],
-    [RemoveTopicRecord("gone")],
+    [RemoveTopicRecord("gone", {1: [0]})],
+    [TopicStoppedRecord("gone", 1)],
 ]
 
 

@@ -325,7 +325,32 @@ async def test_delete_topic_sends_stop_replica(h: Harness) -> None:
     await eventually(lambda: any("t" in body.get("deleted_topics", []) for a, body in fb.received
                                  if a == "update_metadata"), what="deleted_topics")
     assert (await h.call("metadata", {"topics": None}))["topics"] == []
+    await eventually(lambda: not h.c.image.deleting, what="the deletion confirmed")
+    assert all(p["leader_epoch"] == -2 for p in stop["partitions"])  # Kafka's EpochDuringDelete
     assert await h.create("t", 1, 1) == 0  # the name can be used again
+
+
+async def test_delete_waits_for_every_replica_even_across_restarts(h: Harness) -> None:
+    for b in (1, 2):
+        await h.add_broker(b)
+    assert await h.create("t", 2, 2) == 0
+    await h.brokers[2].stop()
+    h.clock.advance(SESSION_MS // 2)
+    await h.heartbeat(1)
+    h.clock.advance(SESSION_MS // 2 + 1)
+    assert await h.c.check_liveness() == [2]
+    resp = await h.call("delete_topics", {"topics": ["t"]})
+    assert resp["topics"][0]["error"] == 0
+    await eventually(lambda: h.c.image.deleting == {"t": {2: (0, 1)}}, what="broker 1 confirmed, 2 pending")
+    assert await h.create("t", 1, 1) == ErrorCode.TOPIC_ALREADY_EXISTS  # broker 2 still holds replicas
+    await h.stop_controller()
+    await h.start_controller()
+    assert h.c.image.deleting == {"t": {2: (0, 1)}}, "pending deletions survive a restart"
+    await h.brokers[2].start()
+    await h.register(2)  # it comes back: StopReplica(delete) for what it still holds
+    await eventually(lambda: not h.c.image.deleting, what="broker 2 confirmed the deletion")
+    assert any(a == "stop_replica" for a, _ in h.brokers[2].received)
+    assert await h.create("t", 1, 1) == 0
 
 
 @pytest.mark.parametrize("api", ["broker_registration", "broker_heartbeat", "alter_partition", "create_topics",
