@@ -92,6 +92,30 @@ class LogMachine(RuleBasedStateMachine):
         self._model_assign(epoch, self.leo)
         self._record(data, epoch, ts)
 
+    @rule(counts=st.lists(st.integers(1, 4), min_size=2, max_size=4), size=st.integers(0, 60), bump=st.booleans())
+    def append_leader_many(self, counts: list[int], size: int, bump: bool) -> None:
+        epoch = self._latest_epoch() + int(bump)
+        made = [self._make(n, size) for n in counts]
+        info = self.log.append_as_leader(b"".join(d for d, _ in made), epoch)
+        assert (info.first_offset, info.batches, info.num_records) == (self.leo, len(counts), sum(counts))
+        self._model_assign(epoch, self.leo)
+        for data, ts in made:
+            self._record(data, epoch, ts)
+
+    @rule(counts=st.lists(st.integers(1, 4), min_size=2, max_size=4), size=st.integers(0, 60), bump=st.booleans())
+    def append_follower_many(self, counts: list[int], size: int, bump: bool) -> None:
+        epoch = self._latest_epoch() + int(bump)
+        parts = []
+        start = self.leo
+        for n in counts:
+            data, ts = self._make(n, size)
+            buf = bytearray(data)
+            stamp(buf, 0, base_offset=self.leo, partition_leader_epoch=epoch)
+            parts.append(bytes(buf))
+            self._record(data, epoch, ts)
+        self.log.append_as_follower(b"".join(parts))
+        self._model_assign(epoch, start)
+
     @rule(n=st.integers(1, 6), size=st.integers(0, 150), bump=st.booleans())
     def append_follower(self, n: int, size: int, bump: bool) -> None:
         epoch = self._latest_epoch() + int(bump)
