@@ -58,11 +58,12 @@ class RecordAccumulator:
         self.buffered_bytes = 0
 
     def append(self, tp: TopicPartition, key: bytes | None, value: bytes | None, timestamp_ms: int,
-               now_ms: int | Callable[[], int]) -> tuple[ProducerBatch, int, bool]:
+               now_ms: int | Callable[[], int], size: int | None = None) -> tuple[ProducerBatch, int, bool]:
         """Add a record; returns (batch, index in batch, whether a new batch was opened).
 
         ``now_ms`` (monotonic) may be a clock function: it is only read when a batch is opened."""
-        size = RECORD_OVERHEAD_BYTES + (len(key) if key else 0) + (len(value) if value else 0)  # record_size
+        if size is None:
+            size = record_size(key, value)
         queue = self._queues.get(tp)
         if queue is None:
             queue = self._queues[tp] = deque()

@@ -26,7 +26,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from client.accumulator import ProducerBatch, RecordAccumulator, record_size
+from client.accumulator import RECORD_OVERHEAD_BYTES, ProducerBatch, RecordAccumulator
 from client.errors import BufferExhaustedError, DeliveryTimeoutError, NoBrokersAvailableError, ProducerClosedError
 from client.metadata import MetadataCache, parse_bootstrap
 from client.partitioner import StickyPartitioner
@@ -163,6 +163,10 @@ class Producer:
         self._sender: asyncio.Task[None] | None = None
         self._closed = False
         self._need_refresh = False
+        self._tps: dict[str, list[TopicPartition]] = {}  # cached TopicPartition values per topic
+        self._max_request_size = config.max_request_size
+        self._buffer_memory = config.buffer_memory
+        self._now_ms = self._clock.now_ms
 
     async def __aenter__(self) -> Producer:
         await self.start()
@@ -183,24 +187,28 @@ class Producer:
         or ``buffer.memory`` full): then use ``send``. Raises for a partition the topic does not have."""
         if self._closed:
             raise ProducerClosedError("producer is closed")
-        if not (value is None or isinstance(value, bytes)) or not (key is None or isinstance(key, bytes)):
+        # the hot path: one call per record, so checks are inlined and lookups cached
+        if (value is not None and type(value) is not bytes and not isinstance(value, bytes)) or (
+                key is not None and type(key) is not bytes and not isinstance(key, bytes)):
             raise TypeError(f"key and value must be bytes or None, got {type(key).__name__} and "
                             f"{type(value).__name__}")
-        size = record_size(key, value)
-        if size > self.config.max_request_size:
+        size = RECORD_OVERHEAD_BYTES + (len(key) if key else 0) + (len(value) if value else 0)
+        if size > self._max_request_size:
             raise error_for(ErrorCode.MESSAGE_TOO_LARGE,
-                            f"a {size}-byte record is larger than max.request.size={self.config.max_request_size}")
+                            f"a {size}-byte record is larger than max.request.size={self._max_request_size}")
         num_partitions = self.metadata.current.partition_counts.get(topic)
-        if num_partitions is None or self._acc.buffered_bytes >= self.config.buffer_memory or self._sender is None:
+        if num_partitions is None or self._acc.buffered_bytes >= self._buffer_memory or self._sender is None:
             return None
         if partition is None:
             partition = self._partitioner.partition(topic, key, num_partitions)
         elif not 0 <= partition < num_partitions:
             raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                             f"partition {partition} of {topic!r} does not exist ({num_partitions} partitions)")
-        ts = self._clock.now_ms() if timestamp_ms is None else timestamp_ms
-        batch, index, new_batch = self._acc.append(TopicPartition(topic, partition), key, value, ts,
-                                                   self._clock.monotonic_ms)
+        tps = self._tps.get(topic)
+        if tps is None or len(tps) != num_partitions:
+            tps = self._tps[topic] = [TopicPartition(topic, p) for p in range(num_partitions)]
+        ts = self._now_ms() if timestamp_ms is None else timestamp_ms
+        batch, index, new_batch = self._acc.append(tps[partition], key, value, ts, self._clock.monotonic_ms, size)
         if new_batch:
             batch.completion = asyncio.get_running_loop().create_future()
             self._pending.add(batch.completion)
