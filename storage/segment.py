@@ -182,20 +182,8 @@ class LogSegment:
                 os.ftruncate(self.fd, self.size)  # all or nothing
             raise
         pos = self.size
-        rule = self.rule
-        for base, size, max_ts, _ in metas:  # IndexRule.on_batch, inlined: this runs per batch
-            if max_ts > rule.max_timestamp:
-                rule.max_timestamp = max_ts
-            if rule.bytes_since_entry > rule.interval_bytes:
-                self.offsets.keys.append(base)
-                self.offsets.values.append(pos)
-                times = self.times.keys
-                if rule.max_timestamp > (times[-1] if times else ix.NO_TIMESTAMP):
-                    times.append(rule.max_timestamp)
-                    self.times.values.append(base)
-                rule.bytes_since_entry = size
-            else:
-                rule.bytes_since_entry += size
+        for base, size, max_ts, _ in metas:
+            self.rule.on_batch(self.offsets, self.times, base, pos, size, max_ts)
             pos += size
         if self.first_batch_timestamp is None:
             self.first_batch_timestamp = metas[0][2]
@@ -215,7 +203,7 @@ class LogSegment:
             with contextlib.suppress(OSError):
                 os.ftruncate(self.fd, pos)
             raise
-        rule = self.rule
+        rule = self.rule  # IndexRule.on_batch, inlined (this is the per-batch hot path)
         if max_ts > rule.max_timestamp:
             rule.max_timestamp = max_ts
         if rule.bytes_since_entry > rule.interval_bytes:
@@ -236,7 +224,7 @@ class LogSegment:
         return parse_header(os.pread(self.fd, HEADER_SIZE, pos))
 
     def scan(self, start: int, end: int | None = None) -> Iterator[tuple[int, BatchHeader]]:
-        """(position, header) of whole batches in [start, end), reading 64 KiB at a time."""
+        """(position, header) of whole batches in [start, end), reading 8 KiB at a time."""
         stop = self.size if end is None else end
         pos = start
         while pos < stop:
