@@ -165,7 +165,8 @@ async def status(request: web.Request) -> web.Response:
                for b, s in sorted(c.propagator.senders().items())}
     return web.json_response({"role": "controller", "controller_id": CONTROLLER_ID,
                               "controller_epoch": c.image.controller_epoch, "brokers": brokers,
-                              "topics": doc["topics"], "propagation": senders})
+                              "topics": doc["topics"], "propagation": senders,
+                              "deleting": {t: sorted(p) for t, p in sorted(c.image.deleting.items())}})
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -392,3 +392,26 @@ async def test_restarted_broker_rejoins_the_isr_with_its_new_epoch(cluster: Clus
         assert view is not None and view["log_end_offset"] >= len(values)
     finally:
         await c.rpc.close()
+
+
+async def test_delete_topic_removes_replicas_and_the_name_is_reusable(cluster: Cluster) -> None:
+    c = cluster
+    try:
+        await _start(c, 2)
+        await c.create("old", 2, 2, {})
+        for p in (0, 1):
+            part = await c.wait_leading("old", p)
+            assert (await produce(c.rpc, c.address(part["leader"]), "old", [b"stale"], p=p))["error"] == 0
+        resp = await c.rpc.call(c.ctl, "delete_topics", {"topics": ["old"]})
+        assert resp["topics"][0]["error"] == 0
+
+        async def deleted() -> bool:
+            status = await c.rpc.get_json(c.ctl, "/v1/status")
+            dirs = [d for b in (1, 2) for d in (c.root / f"broker-{b}").glob("old-*")]
+            return not status["deleting"] and not dirs
+        await wait_until(deleted, 30, "every replica deleted on disk and confirmed")
+        await c.create("old", 1, 2, {})
+        part = await c.wait_leading("old")
+        assert await read_all(c.rpc, c.address(part["leader"]), "old") == []
+    finally:
+        await c.rpc.close()
