@@ -349,21 +349,30 @@ class Log:
         return self._append([records], n, metas, num_records, max_ts)
 
     def _follow_epochs(self, epochs: list[tuple[int, int]]) -> None:
-        """Assign the batches' epochs to the cache; all checked before any is applied."""
-        latest = self.epoch_cache.latest_entry()
-        prev = (latest.epoch, latest.start_offset) if latest is not None else None
+        """Assign the batches' (epoch, base offset) to the cache, all checked before any is applied.
+
+        Epochs never decrease along the log: a batch older than the epoch of the data before it is
+        refused. A cache entry at or past the batch (an assignment with no data, e.g. this replica
+        led briefly and wrote nothing) is superseded by the leader's data."""
+        sim = [(e.epoch, e.start_offset) for e in self.epoch_cache.entries()]
         for epoch, base in epochs:
-            if prev is not None and (epoch < 0 or (epoch < prev[0] and prev[1] < base)):
+            before = [e for e, start in sim if start < base]
+            if epoch < 0 and sim:
+                raise StaleLeaderEpochError(f"{self.topic_partition}: unstamped batch at {base} after epoch "
+                                            f"{sim[-1][0]}")
+            if before and epoch < before[-1]:
                 raise StaleLeaderEpochError(f"{self.topic_partition}: batch epoch {epoch} at {base} is older "
-                                            f"than epoch {prev[0]} started at {prev[1]}")
+                                            f"than epoch {before[-1]} before it")
             if epoch >= 0:
-                prev = (epoch, base)
+                sim = [(e, start) for e, start in sim if start < base]
+                if not sim or sim[-1][0] != epoch:
+                    sim.append((epoch, base))
         for epoch, base in epochs:
             if epoch < 0:
                 continue
             latest = self.epoch_cache.latest_entry()
-            if latest is not None and epoch < latest.epoch:
-                self.epoch_cache.truncate_from_end(base)  # an assignment with no data yet, superseded
+            if latest is not None and latest.start_offset >= base:
+                self.epoch_cache.truncate_from_end(base)
             self.epoch_cache.assign(epoch, base)
 
     def _frame(self, records: bytes, pos: int, n: int) -> tuple[int, int, int, int]:

@@ -458,3 +458,17 @@ def test_timestamp_lookup_after_truncation(pdir: Path) -> None:
     log.append_as_leader(batch(1, ts=TS + 5000), 0)
     assert log.fetch_offset_by_timestamp(TS + 950) == TimestampOffset(TS + 5000, 10, 0)
     log.close()
+
+
+def test_follower_epochs_never_decrease_along_the_log(pdir: Path) -> None:
+    log = open_log(pdir)
+    log.append_as_follower(batch(2, epoch=3))
+    log.maybe_assign_epoch_start_offset(5, 2)
+    with pytest.raises(StaleLeaderEpochError):  # older than the data before it, even past a no-data entry
+        log.append_as_follower(batch(1, base_offset=2, epoch=2))
+    with pytest.raises(StaleLeaderEpochError):  # all or nothing: the second batch is stale
+        log.append_as_follower(batch(1, base_offset=2, epoch=6) + batch(1, base_offset=3, epoch=4))
+    assert [(e.epoch, e.start_offset) for e in log.epoch_cache.entries()] == [(3, 0), (5, 2)]
+    log.append_as_follower(batch(1, base_offset=2, epoch=3) + batch(1, base_offset=3, epoch=6))
+    assert [(e.epoch, e.start_offset) for e in log.epoch_cache.entries()] == [(3, 0), (6, 3)]
+    log.close()
