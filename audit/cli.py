@@ -36,6 +36,10 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     a.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark config")
     a.set_defaults(func=run_audit_command)
 
+    from audit.bench import register_perf
+
+    register_perf(perf)
+
 
 def run_export(args: argparse.Namespace) -> int:
     from audit.export import ExportError, export
@@ -74,15 +78,20 @@ def run_audit_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CliError(str(exc)) from None
     conf = _conf(args.conf)
+    from pyspark.sql import SparkSession
+
     from audit.spark_audit import build_session, format_summary, run_audit, write_report
 
-    spark = build_session(args.master, extra_conf=conf)
+    # Called in-process next to a running session (tests, notebooks): use it and leave it running.
+    existing = SparkSession.getActiveSession()
+    spark = existing or build_session(args.master, extra_conf=conf)
     try:
         report = run_audit(spark, args.export_dir, evidence_rows=args.evidence_rows)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     finally:
-        spark.stop()
+        if existing is None:
+            spark.stop()
     print(format_summary(report))
     if args.report is not None:
         write_report(report, args.report)

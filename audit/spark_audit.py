@@ -512,6 +512,7 @@ def run_audits(spark: SparkSession, export_dirs: list[Path], *,
     ``evidence_rows`` rows of the queries that found something. ``ValueError``
     if a directory is not an export.
     """
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     if not export_dirs:
@@ -519,14 +520,22 @@ def run_audits(spark: SparkSession, export_dirs: list[Path], *,
     if len({_normalise(str(d)) for d in export_dirs}) != len(export_dirs):
         raise ValueError("an export directory is given twice")
     manifests = {_normalise(str(d)): schema.read_manifest(d) for d in export_dirs}
-    t = load_tables(spark, list(export_dirs))
-    c = Context(t=t, final=final_log(t), committed=committed_records(t),
-                acked=t.sends.where(F.col("outcome") == "ok"))
-    named = {name: q.query(c) for name, q in QUERIES.items()}
-    named.update({f"stat:{name}": df for name, df in _stat_queries(c).items()})
-    counts = _counts(named)
-    found = sorted({name for (name, _), n in counts.items() if n and name in QUERIES})
-    evidence = _evidence(c, found, evidence_rows)
+    loaded = load_tables(spark, list(export_dirs))
+    # Every check scans the same five tables: cache them (spilling to disk when large)
+    # instead of re-reading Parquet once per query.
+    t = Tables(*(df.persist(StorageLevel.MEMORY_AND_DISK) for df in
+                 (loaded.records, loaded.replicas, loaded.damaged, loaded.sends, loaded.polls)))
+    try:
+        c = Context(t=t, final=final_log(t), committed=committed_records(t),
+                    acked=t.sends.where(F.col("outcome") == "ok"))
+        named = {name: q.query(c) for name, q in QUERIES.items()}
+        named.update({f"stat:{name}": df for name, df in _stat_queries(c).items()})
+        counts = _counts(named)
+        found = sorted({name for (name, _), n in counts.items() if n and name in QUERIES})
+        evidence = _evidence(c, found, evidence_rows)
+    finally:
+        for df in (t.records, t.replicas, t.damaged, t.sends, t.polls):
+            df.unpersist()
     reports = []
     for d in export_dirs:
         key = _normalise(str(d))

@@ -1,4 +1,4 @@
-"""``minibroker audit`` as a user runs it: a real subprocess with its own Spark."""
+"""``minibroker audit``: in-process next to the test session's Spark, and (slow) as a real subprocess."""
 
 from __future__ import annotations
 
@@ -6,6 +6,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from cli.main import main
 from tests.audit.exports import clean_export
@@ -18,7 +21,21 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=170, check=False)
 
 
-def test_audit_exits_1_with_evidence_and_writes_the_report(tmp_path: Path) -> None:
+def test_audit_command_in_process(spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    e = clean_export()
+    e.poll("c0", 10, 10, "phantom")
+    report = tmp_path / "report.json"
+    assert main(["audit", str(e.write(tmp_path / "bad")), "--report", str(report)]) == 1
+    out = capsys.readouterr().out
+    assert "dirty_reads            violation" in out
+    assert "phantom" in out
+    assert "RESULT: VIOLATED: dirty_reads" in out
+    assert json.loads(report.read_text())["violations"] == ["dirty_reads"]
+    assert not spark.sparkContext._jsc.sc().isStopped()  # the shared session is left running
+
+
+@pytest.mark.slow
+def test_audit_subprocess_exits_1_with_evidence_and_writes_the_report(tmp_path: Path) -> None:
     e = clean_export()
     e.poll("c0", 10, 10, "phantom")
     export_dir = e.write(tmp_path / "export")
