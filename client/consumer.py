@@ -84,15 +84,17 @@ def decode_fetched(tp: TopicPartition, data: bytes,
     offset after the last whole batch (-1 if none)."""
     out: list[tuple[int, ConsumerRecord]] = []
     next_offset = -1
+    topic, partition = tp
+    limit = high_watermark if high_watermark >= 0 else 2**63
     for pos, header in iter_batches(data):
-        next_offset = header.base_offset + header.last_offset_delta + 1
+        base, first_ts, epoch = header.base_offset, header.first_timestamp, header.partition_leader_epoch
+        next_offset = base + header.last_offset_delta + 1
         for r in decode_records(data, pos):
-            offset = header.base_offset + r.offset_delta
-            if 0 <= high_watermark <= offset:
+            offset = base + r.offset_delta
+            if offset >= limit:
                 break  # never hand out what is not committed (invariant 4), even if a broker sent it
-            out.append((header.partition_leader_epoch, ConsumerRecord(
-                tp.topic, tp.partition, offset, header.first_timestamp + r.timestamp_delta,
-                r.key, r.value, tuple(r.headers))))
+            out.append((epoch, ConsumerRecord(topic, partition, offset, first_ts + r.timestamp_delta, r.key, r.value,
+                                              tuple(r.headers) if r.headers else ())))
     return out, next_offset
 
 
