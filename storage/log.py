@@ -207,7 +207,7 @@ class Log:
                     self._log.warning("segment_indexes_rebuilt", base_offset=base, offset=seg.next_offset,
                                       truncated_bytes=result.truncated_bytes, reason=result.reason)
             else:
-                seg = self._recover_segment(base, now)
+                seg = self._recover_segment(base, now, recovery_point if base == floor else None)
             self.segments.append(seg)
             if seg.base_offset >= floor and i + 1 < len(bases) and seg.next_offset != bases[i + 1]:
                 self._drop_after(bases[i + 1:], seg)
@@ -240,10 +240,10 @@ class Log:
                 path.unlink(missing_ok=True)
         return sorted(bases)
 
-    def _recover_segment(self, base: int, now: int) -> LogSegment:
+    def _recover_segment(self, base: int, now: int, recovery_point: int | None) -> LogSegment:
         fd = os.open(log_path(self.dir, base), os.O_RDWR | os.O_APPEND)
         seg = LogSegment(self.dir, base, fd, self.config.index_interval_bytes, now)
-        result = seg.recover(self.epoch_cache.epoch_for_offset)
+        result = seg.recover(self.epoch_cache.epoch_for_offset, recovery_point)
         if result.truncated_bytes:
             self._log.warning("log_recovery_truncated", base_offset=base, offset=seg.next_offset,
                               position=result.valid_bytes, truncated_bytes=result.truncated_bytes,

@@ -128,16 +128,28 @@ class LogSegment:
         self.first_batch_timestamp = self.header_at(0).max_timestamp if self.size else None
         return True
 
-    def recover(self, epoch_of: EpochLookup | None = None) -> RecoveryResult:
+    def recover(self, epoch_of: EpochLookup | None = None, from_offset: int | None = None) -> RecoveryResult:
         """Validate every batch (length, magic, CRC, count, offset continuity, epoch); cut the rest.
 
         ``epoch_of(offset)`` is the leader epoch the epoch cache says covers
         ``offset`` (None when unknown): base_offset and partition_leader_epoch
         are outside the CRC, so continuity and the epoch cache guard them.
+
+        With ``from_offset`` (the recovery point) the batches below it are on
+        disk already and trusted: the indexes are loaded (if they pass the sanity
+        checks; else everything is validated), a header scan from the last index
+        entry finds the first batch at or past ``from_offset``, and only the
+        batches from there on are validated.
         """
         size = os.fstat(self.fd).st_size
+        self.size = size
+        pos, expected = 0, self.base_offset
         self.offsets, self.times, self.rule = SparseIndex(), SparseIndex(), IndexRule(self.index_interval_bytes)
-        pos, count, expected, reason = 0, 0, self.base_offset, None
+        if from_offset is not None and from_offset > self.base_offset:
+            trusted = self._trusted_prefix(from_offset)
+            if trusted is not None:
+                pos, expected = trusted
+        count, reason = 0, None
         if size:
             with mmap.mmap(self.fd, size, access=mmap.ACCESS_READ) as mm:
                 while pos < size:
@@ -157,6 +169,30 @@ class LogSegment:
         self.first_batch_timestamp = self.header_at(0).max_timestamp if pos else None
         self.persist_indexes(fsync=True)
         return RecoveryResult(pos, size - pos, count, reason)
+
+    def _trusted_prefix(self, from_offset: int) -> tuple[int, int] | None:
+        """Load the indexes and skip the batches below ``from_offset``: (position, next offset) where
+        validation starts, with the index state set as appends left it there; None to validate all."""
+        base = self.base_offset
+        offsets = ix.load_offset_index(ix.offset_index_path(self.dir, base), base, self.size)
+        times = ix.load_time_index(ix.time_index_path(self.dir, base), base, offsets) if offsets is not None else None
+        if offsets is None or times is None:
+            return None
+        offsets.truncate_keys_from(from_offset)
+        times.truncate_values_from(from_offset)
+        if not self._last_entry_ok(offsets):
+            return None
+        start = offsets.values[-1] if offsets else 0
+        pos, expected = start, (offsets.keys[-1] if offsets else base)
+        max_ts = times.keys[-1] if times else ix.NO_TIMESTAMP
+        for p, h in self.scan(start):
+            if h.base_offset >= from_offset or h.base_offset != expected:
+                break
+            max_ts = max(max_ts, h.max_timestamp)
+            pos, expected = p + h.size, h.next_offset
+        self.offsets, self.times = offsets, times
+        self.rule = IndexRule(self.index_interval_bytes, pos - start, max_ts)
+        return pos, expected
 
     # ---- appending -----------------------------------------------------------------------------------------
     def should_roll(self, append_bytes: int, max_timestamp: int, clock: Clock, segment_bytes: int,
