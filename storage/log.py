@@ -24,12 +24,15 @@ messages or ``flush.ms`` are reached (checked on append and by ``maybe_flush``),
 on roll, and on close. ``recovery_point`` is the offset up to which everything
 is known to be on disk.
 
-Recovery (``open``): segments from the one holding the recovery point onward
-are validated batch by batch (``LogSegment.recover``: length, magic, CRC,
-record count, offset continuity, epoch-cache agreement); the first bad byte and
-everything after it is cut, later segments are deleted, and indexes are
-rebuilt. Earlier segments only get their indexes sanity-checked (rebuilt from a
-header scan when missing or inconsistent).
+Recovery (``open``): every batch at or after the recovery point is validated
+(``LogSegment.recover``: length, magic, CRC, record count, offset continuity,
+epoch-cache agreement); the first bad byte and everything after it is cut,
+later segments are deleted, and the indexes of the recovered segments are
+rebuilt. Batches below the recovery point were fsynced and are trusted: their
+indexes are only sanity-checked (sorted, in range, last entry pointing at a
+batch with its offset, tail parsing to the end of file), and a segment that
+fails those checks is validated in full. After a clean close the recovery
+point is the LEO, so reopening validates nothing.
 
 Offsets, like Kafka: ``truncate_to(offset)`` removes the batch holding
 ``offset`` and all later ones (so the LEO is the start of that batch, which is
