@@ -472,3 +472,21 @@ def test_follower_epochs_never_decrease_along_the_log(pdir: Path) -> None:
     log.append_as_follower(batch(1, base_offset=2, epoch=3) + batch(1, base_offset=3, epoch=6))
     assert [(e.epoch, e.start_offset) for e in log.epoch_cache.entries()] == [(3, 0), (6, 3)]
     log.close()
+
+
+def test_batches_below_the_recovery_point_are_trusted_above_validated(pdir: Path) -> None:
+    log = open_log(pdir, index_interval_bytes=100)
+    for _ in range(6):
+        log.append_as_leader(batch(2, size=80), 0)
+    log.close()
+    seg = pdir / "00000000000000000000.log"
+    data = bytearray(seg.read_bytes())
+    second = rb.parse_header(data).size
+    data[second + 40] ^= 0x55  # inside the CRC-covered part of the batch at offset 2
+    seg.write_bytes(bytes(data))
+    log = Log.open(pdir, LogConfig(index_interval_bytes=100), ManualClock(TS), recovery_point=12)
+    assert log.log_end_offset == 12  # clean close: nothing is re-validated
+    log.close()
+    log = Log.open(pdir, LogConfig(index_interval_bytes=100), ManualClock(TS), recovery_point=2)
+    assert log.log_end_offset == 2  # from offset 2 on everything is checked: the bad batch and the rest go
+    log.close()
