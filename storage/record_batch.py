@@ -36,6 +36,7 @@ records -> INVALID_RECORD. Pure: no I/O.
 
 from __future__ import annotations
 
+import mmap
 import struct
 import zlib
 from collections.abc import Iterator, Sequence
@@ -59,7 +60,7 @@ _OFFSET_AND_EPOCH_BASE = struct.Struct(">q")
 _EPOCH = struct.Struct(">i")
 assert _HEADER.size == HEADER_SIZE
 
-Buffer = bytes | bytearray | memoryview
+Buffer = bytes | bytearray | memoryview | mmap.mmap
 
 
 @dataclass(frozen=True, slots=True)
