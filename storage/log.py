@@ -176,6 +176,8 @@ class Log:
         self.recovery_point = 0
         self.epoch_cache = LeaderEpochCache()
         self.defer_roll_flush = False
+        self.defer_file_deletion = False  # LogManager: deleted segments are renamed, then unlinked off the loop
+        self._pending_deletions: list[Path] = []
         self._rolled_unflushed: list[LogSegment] = []
         self._unflushed_messages = 0
         self._last_flush_ms = clock.monotonic_ms()
@@ -531,6 +533,12 @@ class Log:
         if not any(s.unflushed for s in self.segments[:-1]):
             self.recovery_point = max(self.recovery_point, min(upto, self.log_end_offset))
 
+    async def unlink_deleted_segments(self) -> None:
+        """Unlink the files of segments deleted with ``defer_file_deletion``, in a worker thread."""
+        paths, self._pending_deletions = self._pending_deletions, []
+        if paths:
+            await asyncio.to_thread(_unlink_all, paths)
+
     def maybe_flush(self) -> None:
         """fsync if ``flush.messages`` or ``flush.ms`` says so."""
         if self._unflushed_messages == 0:
@@ -567,7 +575,7 @@ class Log:
         old_leo = self.log_end_offset
         try:
             while len(self.segments) > 1 and self.segments[-1].base_offset > offset:
-                self.segments.pop().delete()
+                self._pending_deletions += self.segments.pop().delete(defer=self.defer_file_deletion)
                 self._bases.pop()
             self.segments[-1].truncate_to(offset)
         except OSError as exc:
@@ -588,7 +596,7 @@ class Log:
             raise ValueError(f"cannot start at {offset}")
         try:
             for seg in self.segments:
-                seg.delete()
+                self._pending_deletions += seg.delete(defer=self.defer_file_deletion)
             self.segments = [LogSegment.create(self.dir, offset, self.config.index_interval_bytes,
                                                self.clock.now_ms())]
         except OSError as exc:
@@ -646,7 +654,7 @@ class Log:
         self._rolled_unflushed = [s for s in self._rolled_unflushed if s not in gone]
         try:
             for seg in gone:
-                seg.delete()
+                self._pending_deletions += seg.delete(defer=self.defer_file_deletion)
         except OSError as exc:
             self._fail(exc)
         self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
@@ -685,6 +693,12 @@ class Log:
         self._failed = f"{type(exc).__name__}: {exc}"
         self._log.error("log_io_failed", error=self._failed)
         raise StorageError(f"{self.topic_partition}: {self._failed}") from exc
+
+
+def _unlink_all(paths: list[Path]) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):  # a leftover is removed at the next open
+            path.unlink(missing_ok=True)
 
 
 def _fsync_all(fds: list[int]) -> None:

@@ -15,8 +15,9 @@ request handling stopped). Checkpoint writes are small (one fsync) and inline.
 
 ``start()`` (optional) runs Kafka's periodic log tasks on the event loop:
 retention every ``log.retention.check.interval.ms`` (bounded by the HW when a
-``high_watermarks`` source is given), the ``flush.ms`` policy and deferred
-roll fsyncs every second, and the recovery-point / log-start checkpoint every
+``high_watermarks`` source is given), the ``flush.ms`` policy, deferred roll
+fsyncs and the unlinking of deleted segments (renamed ``*.deleted`` on the
+loop, like Kafka's async delete) every second, and the recovery-point / log-start checkpoint every
 ``log.flush.offset.checkpoint.interval.ms``. ``tick()`` runs what is due once.
 """
 
@@ -72,7 +73,7 @@ class LogManager:
                 continue
             opened = await asyncio.to_thread(Log.open, path, default, self.clock,
                                              recovery_point=recovery.get(tp, 0), log_start_offset=starts.get(tp))
-            opened.defer_roll_flush = True
+            opened.defer_roll_flush = opened.defer_file_deletion = True
             self._logs[tp] = opened
         log.info("logs_loaded", count=len(self._logs), data_dir=str(self.data_dir))
 
@@ -97,7 +98,7 @@ class LogManager:
         self._creating[tp] = future
         try:
             created = await asyncio.to_thread(Log.open, self.data_dir / str(tp), config, self.clock)
-            created.defer_roll_flush = True
+            created.defer_roll_flush = created.defer_file_deletion = True
             self._logs[tp] = created
             future.set_result(created)
             log.info("log_created", topic=tp.topic, partition=tp.partition)
@@ -167,6 +168,8 @@ class LogManager:
         if now - self._last_checkpoint_ms >= self.config.get_int("log.flush.offset.checkpoint.interval.ms"):
             self._last_checkpoint_ms = now
             self.checkpoint_recovery_points_and_log_starts()
+        for lg in list(self._logs.values()):
+            await lg.unlink_deleted_segments()
 
     def run_retention(self) -> int:
         hws = self.high_watermarks() if self.high_watermarks is not None else {}
@@ -188,5 +191,6 @@ class LogManager:
         for lg in self._logs.values():
             with contextlib.suppress(StorageError):
                 await asyncio.to_thread(lg.close)
+            await lg.unlink_deleted_segments()
         self.checkpoint_recovery_points_and_log_starts()
         log.info("logs_closed", count=len(self._logs))

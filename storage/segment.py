@@ -380,13 +380,24 @@ class LogSegment:
             os.close(self.fd)
             self.fd = -1
 
-    def delete(self) -> None:
+    def delete(self, *, defer: bool = False) -> list[Path]:
+        """Remove the files; with ``defer`` only rename them to ``*.deleted`` (cheap) and return
+        them for a worker thread to unlink (freeing a large file's blocks can take a while).
+        ``*.deleted`` leftovers are removed when the log is next opened."""
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        renamed = []
         for path in (log_path(self.dir, self.base_offset), ix.offset_index_path(self.dir, self.base_offset),
                      ix.time_index_path(self.dir, self.base_offset)):
-            path.unlink(missing_ok=True)
+            if not defer:
+                path.unlink(missing_ok=True)
+                continue
+            target = path.with_name(path.name + ".deleted")
+            with contextlib.suppress(FileNotFoundError):
+                path.rename(target)
+                renamed.append(target)
+        return renamed
 
 
 _BASE_LEN = struct.Struct(">qi")

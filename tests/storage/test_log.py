@@ -490,3 +490,20 @@ def test_batches_below_the_recovery_point_are_trusted_above_validated(pdir: Path
     log = Log.open(pdir, LogConfig(index_interval_bytes=100), ManualClock(TS), recovery_point=2)
     assert log.log_end_offset == 2  # from offset 2 on everything is checked: the bad batch and the rest go
     log.close()
+
+
+async def test_deferred_file_deletion(pdir: Path) -> None:
+    log = open_log(pdir, segment_bytes=500)
+    log.defer_file_deletion = True
+    for _ in range(4):
+        log.append_as_leader(batch(1, size=300), 0)
+    log.maybe_increment_log_start_offset(2)
+    assert log.delete_old_segments() == 2
+    assert len(list(pdir.glob("*.deleted"))) == 6  # .log, .index and .timeindex of each
+    await log.unlink_deleted_segments()
+    assert list(pdir.glob("*.deleted")) == []
+    log.truncate_fully_and_start_at(50)
+    log.close()
+    log = open_log(pdir)  # leftovers of a crash before the unlink are removed on open
+    assert list(pdir.glob("*.deleted")) == [] and log.log_end_offset == 50
+    log.close()

@@ -86,6 +86,8 @@ async def test_tick_runs_retention_bounded_by_hw_and_checkpoints(tmp_path: Path)
     clock.advance(1000)
     await mgr.tick()
     assert len(lg.segments) < segments and lg.log_start_offset == lg.segments[0].base_offset
+    assert list((tmp_path / "orders-0").glob("*.deleted")) == []  # renamed on the loop, unlinked in a thread
+    assert len(list((tmp_path / "orders-0").glob("*.log"))) == len(lg.segments)
     mgr.start()
     await mgr.close()
 
