@@ -18,6 +18,9 @@ costs more than the copy. The fsync of a rolled segment can be large (up to
 ``LogManager`` sets it) ``roll`` only queues the segment and
 ``flush_rolled_segments`` fsyncs duplicated descriptors in a worker thread,
 like Kafka's scheduled ``flush-log`` task; otherwise ``roll`` fsyncs inline.
+Likewise with ``defer_file_deletion`` the files of deleted segments (retention,
+truncation) are only renamed ``*.deleted`` and ``unlink_deleted_segments``
+removes them in a worker thread.
 
 Flush policy (Kafka's): no fsync per append; fsync when ``flush.messages``
 messages or ``flush.ms`` are reached (checked on append and by ``maybe_flush``),
