@@ -40,7 +40,9 @@ def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, text.encode())
+        data = text.encode()
+        while data:
+            data = data[os.write(fd, data):]
         os.fsync(fd)
     finally:
         os.close(fd)
