@@ -283,12 +283,14 @@ async def registered_brokers(controller: str, rpc: RpcClient) -> set[int]:
 
 
 async def wait_registered(spec: ClusterSpec, timeout_s: float) -> None:
-    """Until every broker is registered (bounded); an exited member fails fast with its last log lines."""
+    """Until the controller answers and every broker in ``spec`` is registered (bounded); an exited member
+    fails fast with its last log lines."""
     wanted = {m.node_id for m in spec.brokers if m.node_id is not None}
     rpc = RpcClient()
     deadline = time.monotonic() + timeout_s
     next_report = time.monotonic() + 5
     seen: set[int] = set()
+    answered = False
     try:
         while True:
             for m in spec.members:
@@ -298,15 +300,16 @@ async def wait_registered(spec: ClusterSpec, timeout_s: float) -> None:
                                    f"{tail(m.log)}")
             with contextlib.suppress(RpcError, ValueError, KeyError, TypeError, AttributeError):
                 seen = await registered_brokers(spec.controller.address, rpc)
-            if wanted <= seen:
+                answered = True
+            if answered and wanted <= seen:
                 return
             if time.monotonic() >= next_report:
                 next_report += 5
                 print(f"waiting for brokers to register: {len(wanted & seen)}/{len(wanted)}", file=sys.stderr)
             if time.monotonic() >= deadline:
                 missing = ", ".join(str(b) for b in sorted(wanted - seen))
-                raise CliError(f"brokers {missing} did not register within {timeout_s:.0f}s; see logs in "
-                               f"{spec.data_dir}")
+                what = f"brokers {missing} did not register" if answered else "the controller did not answer"
+                raise CliError(f"{what} within {timeout_s:.0f}s; see logs in {spec.data_dir}")
             await asyncio.sleep(0.2)
     finally:
         await rpc.close()
@@ -495,6 +498,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     save(spec)
     if m.kind == "broker" and args.wait:
         asyncio.run(wait_registered(replace(spec, members=(spec.controller, m)), args.timeout))
+    elif args.wait:
+        asyncio.run(wait_registered(replace(spec, members=(m,)), args.timeout))  # the controller answers
     print(f"started {m.name} (pid {m.pid}) on {m.address}")
     return 0
 

@@ -79,6 +79,16 @@ async def test_up_status_kill_start_down(data_dir: Path) -> None:
     code, _, err = await run("cluster", "start", "broker-1", "--data-dir", str(data_dir))
     assert code == 2 and "already running" in err
 
+    code, _, err = await run("cluster", "kill", "controller", "--signal", "TERM", "--data-dir", str(data_dir))
+    assert code == 0, err
+    for _ in range(100):
+        if not (await status_of(data_dir))["controller"]["running"]:
+            break
+        await asyncio.sleep(0.05)
+    code, out, err = await run("cluster", "start", "controller", "--data-dir", str(data_dir))
+    assert code == 0, err
+    assert (await status_of(data_dir))["controller"]["responding"]  # start waited for it to answer
+
     code, out, err = await run("cluster", "down", "--data-dir", str(data_dir))
     assert code == 0, err
     assert not any(m["running"] for m in (await status_of(data_dir)).values())
