@@ -92,7 +92,8 @@ class LogManager:
         pending = self._creating.get(tp)
         if pending is not None:
             return await asyncio.shield(pending)
-        if not tp.topic or "/" in tp.topic or tp.topic in (".", "..") or tp.partition < 0:
+        if (not tp.topic or "/" in tp.topic or tp.topic in (".", "..") or tp.partition < 0
+                or any(c.isspace() or c == "\0" for c in tp.topic)):
             raise ValueError(f"invalid topic partition {tp!r}")
         future: asyncio.Future[Log] = asyncio.get_running_loop().create_future()
         self._creating[tp] = future

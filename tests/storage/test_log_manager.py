@@ -97,7 +97,8 @@ async def test_invalid_topic_partition_refused(tmp_path: Path) -> None:
 
     mgr = LogManager(tmp_path, broker_config(), ManualClock(TS))
     await mgr.load()
-    for tp in (TopicPartition("", 0), TopicPartition("a/b", 0), TopicPartition("..", 0), TopicPartition("t", -1)):
+    for tp in (TopicPartition("", 0), TopicPartition("a/b", 0), TopicPartition("..", 0), TopicPartition("t", -1),
+               TopicPartition("has space", 0)):
         with pytest.raises(ValueError):
             await mgr.get_or_create_log(tp, LogConfig())
     assert list(tmp_path.iterdir()) == []
