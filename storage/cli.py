@@ -32,6 +32,12 @@ def _dump(args: argparse.Namespace) -> int:
 
     try:
         bad = dump(args.path, sys.stdout, records=args.records)
+        sys.stdout.flush()
+    except BrokenPipeError:  # e.g. piped into head: stop quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except DumpError as exc:
         raise CliError(str(exc)) from None
     except OSError as exc:
