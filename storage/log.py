@@ -425,7 +425,8 @@ class Log:
         """Whole batches from the one holding ``start_offset``, at most ``max_bytes`` (at least one
         batch if ``min_one_batch``), none with an offset >= ``max_offset`` (default: the LEO).
         Reads one segment; may return fewer bytes than allowed (the end is a known index entry)."""
-        self._check_usable()
+        if self._failed is not None:
+            self._check_usable()
         leo = self.log_end_offset
         if start_offset < self.log_start_offset or start_offset > leo:
             raise OffsetOutOfRangeError(f"{self.topic_partition}: offset {start_offset} outside "
@@ -449,7 +450,8 @@ class Log:
         """First record with timestamp >= ts at or after the log start; -1 latest, -2 earliest."""
         self._check_usable()
         if ts == LATEST_TIMESTAMP:
-            return TimestampOffset(-1, self.log_end_offset, self.latest_epoch() or -1)
+            latest = self.latest_epoch()
+            return TimestampOffset(-1, self.log_end_offset, -1 if latest is None else latest)
         if ts == EARLIEST_TIMESTAMP:
             epoch = self.epoch_cache.epoch_for_offset(self.log_start_offset)
             return TimestampOffset(-1, self.log_start_offset, -1 if epoch is None else epoch)

@@ -507,3 +507,12 @@ async def test_deferred_file_deletion(pdir: Path) -> None:
     log = open_log(pdir)  # leftovers of a crash before the unlink are removed on open
     assert list(pdir.glob("*.deleted")) == [] and log.log_end_offset == 50
     log.close()
+
+
+def test_latest_and_earliest_offsets_with_epoch_zero(pdir: Path) -> None:
+    log = open_log(pdir)
+    assert log.fetch_offset_by_timestamp(-1) == TimestampOffset(-1, 0, -1)
+    log.append_as_leader(batch(3), 0)
+    assert log.fetch_offset_by_timestamp(-1) == TimestampOffset(-1, 3, 0)
+    assert log.fetch_offset_by_timestamp(-2) == TimestampOffset(-1, 0, 0)
+    log.close()
