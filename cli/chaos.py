@@ -1,10 +1,431 @@
-"""Subcommands contributed by this package (see ``cli.main``)."""
+"""``minibroker chaos run``: a workload under a seeded nemesis, recorded as a history.
+
+    minibroker chaos run [--duration S] [--data-dir DIR] [--out DIR] [--seed N]
+                         [--faults kill,term,pause,controller] [--brokers 3] [--partitions 3]
+
+Starts a local cluster in ``--data-dir`` (``cli.cluster``; or uses the one
+running there), creates an RF=3, min.insync.replicas=2 topic and runs, for
+``--duration`` seconds:
+
+- producers sending unique values (``<process>-<n>``) with acks=all, every
+  attempt recorded with its outcome (``audit.history``): ``ok`` with partition
+  and offset, or ``info`` for any delivery error. A delivery error is
+  indeterminate in general (an earlier attempt of a retried batch may have
+  been written), so the run never claims ``fail``; Jepsen records the same.
+- a consumer polling every partition from the beginning, recording each record.
+- a nemesis on a schedule drawn from ``--seed`` (``schedule`` is pure):
+  ``kill`` SIGKILL a random broker or the current leader of a partition, then
+  restart it; ``term`` SIGTERM (graceful bounce) and restart; ``pause``
+  SIGSTOP a broker longer than the session timeout (a zombie leader), then
+  SIGCONT; ``controller`` SIGKILL the controller, then restart it.
+  ``partition`` (network namespaces) is not implemented: asking for it is an
+  error rather than a silent no-op.
+
+At the end it heals everything (SIGCONT, restart what is down), waits for
+every ISR to be full, final-reads every partition (process ``final``), prints
+a summary (acked, indeterminate, faults, elections seen) and writes
+``history.jsonl`` and ``summary.json`` into ``--out``. A cluster the run
+started is stopped gracefully afterwards (exact HW checkpoints for the
+export) unless ``--keep-running``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import json
+import random
+import signal
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
+
+from audit.history import HistoryWriter, NemesisEvent, Outcome, PollEvent, SendEvent
+from cli import cluster as cl
+from cli.main import CliError
+
+FAULTS = ("kill", "term", "pause", "controller", "partition")
+DEFAULT_FAULTS = ("kill", "term", "pause", "controller")
+TOPIC = "chaos"
+
+
+# ---------------------------------------------------------------- the schedule (pure)
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    at_s: float  # seconds after the workload starts
+    kind: str
+    target: str  # "broker-<i>", "leader" (resolved when it fires) or "controller"
+    hold_s: float  # how long the member stays down / paused
+
+
+def schedule(seed: int, duration_s: float, faults: tuple[str, ...], brokers: list[str], *,
+             session_timeout_s: float, interval_s: tuple[float, float] = (3.0, 6.0),
+             settle_s: float = 5.0) -> list[Fault]:
+    """Faults from ``seed``: one at a time, each healed before the next; none in the last ``settle_s``."""
+    rng = random.Random(seed)
+    out: list[Fault] = []
+    t = rng.uniform(*interval_s)
+    while True:
+        kind = rng.choice(faults)
+        if kind == "controller":
+            target, hold = "controller", rng.uniform(1.0, 3.0)
+        elif kind == "pause":
+            target, hold = rng.choice(brokers), session_timeout_s + rng.uniform(1.0, 3.0)
+        else:
+            target = rng.choice([*brokers, "leader"])
+            hold = rng.uniform(1.0, 4.0)
+        if t + hold > duration_s - settle_s:
+            return out
+        out.append(Fault(round(t, 2), kind, target, round(hold, 2)))
+        t += hold + rng.uniform(*interval_s)
+
+
+# ---------------------------------------------------------------- the run
+
+@dataclass
+class Stats:
+    acked: int = 0
+    indeterminate: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    polled: int = 0
+    final_read: int = 0
+    faults: list[str] = field(default_factory=list)
+
+
+class Recorder:
+    """The history file plus per-process sequence numbers and counts."""
+
+    def __init__(self, path: Path, stats: Stats) -> None:
+        self.writer = HistoryWriter(path)
+        self.stats = stats
+        self._seq: Counter[str] = Counter()
+
+    def seq(self, process: str) -> int:
+        self._seq[process] += 1
+        return self._seq[process] - 1
+
+    def send(self, process: str, value: str, start_ms: int, fut: Any) -> None:
+        now = int(time.time() * 1000)
+        exc = fut.exception()
+        if exc is None:
+            md = fut.result()
+            self.stats.acked += 1
+            event = SendEvent(process, self.seq(process), TOPIC, None, value, start_ms, now, Outcome.OK,
+                              md.partition, md.offset)
+        else:
+            from client.errors import error_name
+
+            name = error_name(exc)
+            self.stats.indeterminate += 1
+            self.stats.errors[name] += 1
+            event = SendEvent(process, self.seq(process), TOPIC, None, value, start_ms, now, Outcome.INFO,
+                              error=name)
+        self.writer.write(event)
+
+    def poll(self, process: str, r: Any) -> None:
+        self.writer.write(PollEvent(process, self.seq(process), r.topic, r.partition, r.offset,
+                                    None, r.value.decode("utf-8", "replace") if r.value is not None else None,
+                                    int(time.time() * 1000)))
+
+    def nemesis(self, fault: str, target: str, detail: str) -> None:
+        self.writer.write(NemesisEvent(int(time.time() * 1000), fault, target, detail))
+
+
+async def producer(name: str, bootstrap: str, rec: Recorder, stop: asyncio.Event, inflight: int) -> None:
+    from client.producer import Producer, ProducerConfig
+
+    cfg = ProducerConfig(acks=-1, linger_ms=5, request_timeout_ms=5_000, delivery_timeout_ms=20_000,
+                         retry_backoff_ms=200)
+    sem = asyncio.Semaphore(inflight)
+    n = 0
+    async with Producer(bootstrap, cfg) as p:
+        while not stop.is_set():
+            await sem.acquire()
+            value = f"{name}-{n}"
+            n += 1
+            start_ms = int(time.time() * 1000)
+            try:
+                fut = await asyncio.wait_for(p.send(TOPIC, value.encode()), timeout=30)
+            except Exception as exc:  # recorded as an indeterminate attempt
+                rec.writer.write(SendEvent(name, rec.seq(name), TOPIC, None, value, start_ms,
+                                           int(time.time() * 1000), Outcome.INFO, error=type(exc).__name__))
+                rec.stats.indeterminate += 1
+                sem.release()
+                await asyncio.sleep(0.2)
+                continue
+
+            def done(f: Any, value: str = value, start_ms: int = start_ms) -> None:
+                rec.send(name, value, start_ms, f)
+                sem.release()
+
+            fut.add_done_callback(done)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(p.flush(), timeout=30)
+
+
+async def consumer(name: str, bootstrap: str, rec: Recorder, stop: asyncio.Event, *,
+                   until: dict[int, int] | None = None, timeout_s: float = 3600) -> int:
+    """Poll every partition from the beginning; with ``until``, stop when each position reaches it."""
+    from client.consumer import Consumer
+
+    count = 0
+    deadline = time.monotonic() + timeout_s
+    async with Consumer(bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=200) as c:
+        tps = await c.assign_topic(TOPIC)
+        await c.seek_to_beginning(*tps)
+        last: dict[int, int] = {}
+        while not stop.is_set() and time.monotonic() < deadline:
+            if until is not None and all(last.get(p, -1) + 1 >= end for p, end in until.items()):
+                break
+            try:
+                records = await c.poll(timeout_ms=500)
+            except Exception:  # a failed poll during faults: retry
+                await asyncio.sleep(0.2)
+                continue
+            for r in records:
+                rec.poll(name, r)
+                last[r.partition] = r.offset
+                count += 1
+    return count
+
+
+async def describe(controller: str) -> list[dict[str, Any]]:
+    from client.admin import Admin
+
+    async with Admin(controller, timeout_ms=3_000) as a:
+        doc = await a.describe([TOPIC])
+    return list(doc["topics"][0]["partitions"]) if doc.get("topics") else []
+
+
+def _spec(data_dir: Path) -> cl.ClusterSpec:
+    return cl.load(data_dir)
+
+
+def _restart(data_dir: Path, name: str) -> None:
+    spec = _spec(data_dir)
+    m = spec.member(name)
+    if not cl.is_running(m):
+        with contextlib.suppress(CliError):
+            spec = spec.with_member(cl.spawn(spec, m))
+            cl.save(spec)
+
+
+async def _resolve(fault: Fault, controller: str, rng: random.Random) -> str:
+    if fault.target != "leader":
+        return fault.target
+    with contextlib.suppress(Exception):
+        parts = [p for p in await describe(controller) if p["leader"] >= 0]
+        if parts:
+            return f"broker-{rng.choice(parts)['leader']}"
+    return "broker-1"
+
+
+async def nemesis(data_dir: Path, plan: list[Fault], rec: Recorder, stop: asyncio.Event, seed: int) -> None:
+    rng = random.Random(seed + 1)
+    t0 = time.monotonic()
+    for fault in plan:
+        delay = t0 + fault.at_s - time.monotonic()
+        if delay > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+        if stop.is_set():
+            return
+        spec = _spec(data_dir)
+        target = await _resolve(fault, spec.controller.address, rng)
+        m = spec.member(target)
+        sig = {"kill": signal.SIGKILL, "controller": signal.SIGKILL, "term": signal.SIGTERM,
+               "pause": signal.SIGSTOP}[fault.kind]
+        sent = cl.send_signal(m, sig)
+        line = f"[{time.monotonic() - t0:6.1f}s] {fault.kind:<10} {m.name} ({sig.name}, hold {fault.hold_s:.1f}s)"
+        print(line + ("" if sent else " -- not running"), flush=True)
+        rec.nemesis(fault.kind, m.name, f"{sig.name} hold_s={fault.hold_s}")
+        rec.stats.faults.append(f"{fault.kind}:{m.name}")
+        await asyncio.sleep(fault.hold_s)
+        if fault.kind == "pause":
+            cl.send_signal(m, signal.SIGCONT)
+        elif fault.kind == "term":
+            end = time.monotonic() + 40  # controlled shutdown may take a while
+            while cl.is_running(m) and time.monotonic() < end:
+                cl.reap()
+                await asyncio.sleep(0.2)
+            if cl.is_running(m):
+                cl.send_signal(m, signal.SIGKILL)
+                await asyncio.sleep(0.5)
+        if fault.kind != "pause":
+            cl.reap()
+            _restart(data_dir, m.name)
+        rec.nemesis("heal", m.name, "SIGCONT" if fault.kind == "pause" else "restarted")
+
+
+def heal(data_dir: Path) -> None:
+    for m in _spec(data_dir).members:
+        cl.send_signal(m, signal.SIGCONT)
+    cl.reap()
+    for m in _spec(data_dir).members:
+        _restart(data_dir, m.name)
+
+
+async def wait_full_isr(controller: str, rf: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            parts = await describe(controller)
+            if parts and all(len(p["isr"]) == rf and p["leader"] >= 0 for p in parts):
+                return True
+        await asyncio.sleep(0.5)
+    return False
+
+
+async def final_offsets(bootstrap: str) -> dict[int, int]:
+    from client.consumer import Consumer
+
+    async with Consumer(bootstrap) as c:
+        tps = await c.assign_topic(TOPIC)
+        ends = await c.end_offsets(tps)
+    return {tp.partition: off for tp, off in ends.items()}
+
+
+async def create_topic(controller: str, partitions: int, unclean: bool) -> None:
+    from client.admin import Admin, NewTopic
+    from common.errors import ErrorCode
+
+    configs = {"min.insync.replicas": "2", "unclean.leader.election.enable": str(unclean).lower()}
+    deadline = time.monotonic() + 30
+    async with Admin(controller) as a:
+        while True:
+            result = await a.create_topics([NewTopic(TOPIC, partitions, 3, configs)])
+            code, msg = result.get(TOPIC, (ErrorCode.UNKNOWN_SERVER_ERROR, "no answer"))
+            if code in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
+                return
+            if time.monotonic() > deadline:
+                raise CliError(f"cannot create topic {TOPIC}: {code.name} {msg}")
+            await asyncio.sleep(0.5)
+
+
+async def workload(args: argparse.Namespace, data_dir: Path, out: Path, plan: list[Fault]) -> dict[str, Any]:
+    spec = _spec(data_dir)
+    stats = Stats()
+    rec = Recorder(out / "history.jsonl", stats)
+    try:
+        await create_topic(spec.controller.address, args.partitions, args.unclean)
+        await wait_full_isr(spec.controller.address, 3, 30)
+        before = {p["partition"]: p["leader_epoch"] for p in await describe(spec.controller.address)}
+        stop = asyncio.Event()
+        consumer_stop = asyncio.Event()
+        tasks = [asyncio.create_task(producer(f"p{i}", spec.bootstrap, rec, stop, args.inflight))
+                 for i in range(args.producers)]
+        reader = asyncio.create_task(consumer("c0", spec.bootstrap, rec, consumer_stop))
+        nem = asyncio.create_task(nemesis(data_dir, plan, rec, stop, args.seed))
+        await asyncio.sleep(args.duration)
+        stop.set()
+        await asyncio.gather(nem, return_exceptions=True)
+        heal(data_dir)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        healed = await wait_full_isr(spec.controller.address, 3, args.heal_timeout)
+        ends = await final_offsets(spec.bootstrap)
+        consumer_stop.set()
+        stats.polled = await reader
+        stats.final_read = await consumer("final", spec.bootstrap, rec, asyncio.Event(), until=ends,
+                                          timeout_s=args.heal_timeout)
+        after = await describe(spec.controller.address)
+    finally:
+        rec.writer.close()
+    elections = sum(max(0, p["leader_epoch"] - before.get(p["partition"], 0)) for p in after)
+    return {"seed": args.seed, "duration_s": args.duration, "faults_requested": args.faults,
+            "acked": stats.acked, "failed": 0, "indeterminate": stats.indeterminate,
+            "errors": dict(stats.errors), "faults_injected": len(stats.faults), "faults": stats.faults,
+            "elections_seen": elections, "isr_full_at_end": healed, "end_offsets": ends,
+            "polled": stats.polled, "final_read": stats.final_read,
+            "schedule": [asdict(f) for f in plan], "history": str(out / "history.jsonl")}
+
+
+# ---------------------------------------------------------------- command
+
+def _faults(text: str) -> tuple[str, ...]:
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    bad = [k for k in kinds if k not in FAULTS]
+    if bad or not kinds:
+        raise CliError(f"--faults takes a comma list of {', '.join(FAULTS)}; got {text!r}")
+    if "partition" in kinds:
+        raise CliError("--faults partition (network namespaces) is not implemented in this version")
+    return kinds
+
+
+def _ensure_cluster(args: argparse.Namespace, data_dir: Path) -> bool:
+    """Use the cluster running in ``data_dir``, or start one; True if this run started it."""
+    if (data_dir / cl.CLUSTER_FILE).exists():
+        spec = cl.load(data_dir)
+        if all(cl.is_running(m) for m in spec.members):
+            print(f"using the cluster running in {data_dir}", flush=True)
+            return False
+        if any(cl.is_running(m) for m in spec.members):
+            raise CliError(f"the cluster in {data_dir} is partly running; `minibroker cluster down` first")
+    settings = [f"broker.session.timeout.ms={args.session_timeout_ms}"]
+    spec = cl.plan(data_dir, args.brokers, args.base_port, controller_settings=settings)
+    print(f"starting a cluster of {args.brokers} brokers in {data_dir}", flush=True)
+    cl.up(spec, timeout_s=60)
+    return True
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    from common.logging import configure
+
+    # client retries during faults are expected: keep them out of the progress lines unless asked for
+    configure("chaos", level=os.environ.get("MINIBROKER_LOG_LEVEL", "WARNING"))
+    faults = _faults(args.faults)
+    if args.duration <= 0 or args.brokers < 3:
+        raise CliError("--duration must be > 0 and --brokers >= 3 (the topic has RF=3)")
+    data_dir = Path(args.data_dir).resolve()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / "history.jsonl").exists():
+        raise CliError(f"{out} already holds a history.jsonl; choose another --out")
+    started = _ensure_cluster(args, data_dir)
+    brokers = [m.name for m in cl.load(data_dir).brokers]
+    plan = schedule(args.seed, args.duration, faults, brokers, session_timeout_s=args.session_timeout_ms / 1000)
+    print(f"chaos: {args.duration:.0f}s, seed {args.seed}, {len(plan)} faults planned ({', '.join(faults)})",
+          flush=True)
+    try:
+        summary = asyncio.run(workload(args, data_dir, out, plan))
+    finally:
+        if started and not args.keep_running:
+            spec = cl.load(data_dir)
+            cl.stop_members(spec.brokers, timeout_s=40)
+            cl.stop_members([spec.controller], timeout_s=10)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    print(f"summary: acked {summary['acked']}, failed 0, indeterminate {summary['indeterminate']}, "
+          f"faults injected {summary['faults_injected']}, elections seen {summary['elections_seen']}, "
+          f"ISR full at end: {summary['isr_full_at_end']}, final read {summary['final_read']} records")
+    print(f"history: {summary['history']}; summary: {out / 'summary.json'}")
+    print(f"next: minibroker export --data-dir {data_dir} --history {out} --out {out / 'export'} && "
+          f"minibroker audit {out / 'export'}")
+    return 0 if summary["isr_full_at_end"] else 1
 
 
 def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAction[Any]) -> None:
-    """No subcommands yet."""
+    p = sub.add_parser("chaos", help="fault injection with a recorded workload history")
+    cs = p.add_subparsers(dest="chaos_command", metavar="ACTION")
+    p.set_defaults(func=lambda _a: (p.print_help(sys.stderr), 2)[1])
+    r = cs.add_parser("run", help="run a workload under a seeded nemesis; write history + summary")
+    r.add_argument("--duration", type=float, default=60.0, help="seconds of workload (default 60)")
+    r.add_argument("--data-dir", default="./minibroker-chaos", help="cluster dir (started if not running)")
+    r.add_argument("--out", default="./minibroker-chaos-out", help="where history.jsonl and summary.json go")
+    r.add_argument("--seed", type=int, default=1)
+    r.add_argument("--faults", default=",".join(DEFAULT_FAULTS), help=f"comma list of {', '.join(FAULTS)}")
+    r.add_argument("--brokers", type=int, default=3)
+    r.add_argument("--partitions", type=int, default=3)
+    r.add_argument("--producers", type=int, default=2)
+    r.add_argument("--inflight", type=int, default=64, help="unacknowledged sends per producer")
+    r.add_argument("--base-port", type=int, default=19190)
+    r.add_argument("--session-timeout-ms", type=int, default=6_000, help="controller's broker.session.timeout.ms")
+    r.add_argument("--heal-timeout", type=float, default=90.0, help="seconds to wait for full ISRs at the end")
+    r.add_argument("--unclean", action="store_true", help="topic with unclean.leader.election.enable=true")
+    r.add_argument("--keep-running", action="store_true", help="leave a cluster this run started running")
+    r.set_defaults(func=run)
