@@ -110,3 +110,9 @@ def test_crash_at_every_byte_of_an_append(tmp_path: Path) -> None:
         assert log.segments[-1].size == max(b for b in boundaries if b <= cut)
         assert_indexes_match_scan(log)
         log.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(40, 1040))
+def test_cut_and_flip_active_segment_soak(tmp_path: Path, seed: int) -> None:
+    test_cut_and_flip_active_segment(tmp_path, seed)

@@ -12,6 +12,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -267,3 +268,11 @@ class LogMachine(RuleBasedStateMachine):
 
 LogMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 TestLogModel = LogMachine.TestCase
+
+
+class LogMachineSoak(LogMachine):
+    pass
+
+
+LogMachineSoak.TestCase.settings = settings(max_examples=1000, stateful_step_count=60, deadline=None)
+TestLogModelSoak = pytest.mark.slow(pytest.mark.timeout(1800)(LogMachineSoak.TestCase))
