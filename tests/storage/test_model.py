@@ -170,6 +170,19 @@ class LogMachine(RuleBasedStateMachine):
         self.start = new_start
         self.epochs = self._trim_start(self.start)
 
+    @rule(data=st.data(), by_time=st.booleans())
+    def retention_below_hw(self, data: st.DataObject, by_time: bool) -> None:
+        hw = data.draw(st.integers(self.start, self.leo))
+        cfg = {**self._cfg(), "retention_ms": 0} if by_time else {**self._cfg(), "retention_bytes": 0}
+        self.log.update_config(LogConfig(**cfg))
+        self.clock.advance(1_000_000)
+        self.log.delete_old_segments(high_watermark=hw)
+        self.log.update_config(self.config)
+        new_start = self.log.log_start_offset
+        assert new_start == self.start or self.start < new_start <= hw  # never data at or above the HW
+        self.start = new_start
+        self.epochs = self._trim_start(self.start)
+
     def _cfg(self) -> dict[str, int]:
         c = self.config
         return {"segment_bytes": c.segment_bytes, "index_interval_bytes": c.index_interval_bytes,
