@@ -365,8 +365,12 @@ def _ensure_cluster(args: argparse.Namespace, data_dir: Path) -> bool:
             return False
         if any(cl.is_running(m) for m in spec.members):
             raise CliError(f"the cluster in {data_dir} is partly running; `minibroker cluster down` first")
-    settings = [f"broker.session.timeout.ms={args.session_timeout_ms}"]
-    spec = cl.plan(data_dir, args.brokers, args.base_port, controller_settings=settings)
+    controller_settings = [f"broker.session.timeout.ms={args.session_timeout_ms}"]
+    # A bounded controlled shutdown keeps SIGTERM bounces and the final stop short: when every broker
+    # stops at once leadership has nowhere to go and Kafka's 30 s default would be waited out.
+    broker_settings = ["controlled.shutdown.max.wait.ms=5000", *args.set]
+    spec = cl.plan(data_dir, args.brokers, args.base_port, settings=broker_settings,
+                   controller_settings=controller_settings)
     print(f"starting a cluster of {args.brokers} brokers in {data_dir}", flush=True)
     cl.up(spec, timeout_s=60)
     return True
@@ -427,5 +431,7 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     r.add_argument("--session-timeout-ms", type=int, default=6_000, help="controller's broker.session.timeout.ms")
     r.add_argument("--heal-timeout", type=float, default=90.0, help="seconds to wait for full ISRs at the end")
     r.add_argument("--unclean", action="store_true", help="topic with unclean.leader.election.enable=true")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="broker setting for a cluster this run starts (repeatable)")
     r.add_argument("--keep-running", action="store_true", help="leave a cluster this run started running")
     r.set_defaults(func=run)
