@@ -17,7 +17,10 @@ running there), creates an RF=3, min.insync.replicas=2 topic and runs, for
   ``kill`` SIGKILL a random broker or the current leader of a partition, then
   restart it; ``term`` SIGTERM (graceful bounce) and restart; ``pause``
   SIGSTOP a broker longer than the session timeout (a zombie leader), then
-  SIGCONT; ``controller`` SIGKILL the controller, then restart it.
+  SIGCONT; ``controller`` SIGKILL the controller, then restart it; ``leaders``
+  (not in the default list) SIGKILL a partition's leader, then each successor,
+  until all its replicas are down, and restart them stalest first: with
+  ``--unclean`` this is the scenario where Kafka loses acknowledged writes.
   ``partition`` (network namespaces) is not implemented: asking for it is an
   error rather than a silent no-op.
 
@@ -48,7 +51,7 @@ from audit.history import HistoryWriter, NemesisEvent, Outcome, PollEvent, SendE
 from cli import cluster as cl
 from cli.main import CliError
 
-FAULTS = ("kill", "term", "pause", "controller", "partition")
+FAULTS = ("kill", "term", "pause", "controller", "leaders", "partition")
 DEFAULT_FAULTS = ("kill", "term", "pause", "controller")
 TOPIC = "chaos"
 
@@ -76,6 +79,8 @@ def schedule(seed: int, duration_s: float, faults: tuple[str, ...], brokers: lis
             target, hold = "controller", rng.uniform(1.0, 3.0)
         elif kind == "pause":
             target, hold = rng.choice(brokers), session_timeout_s + rng.uniform(1.0, 3.0)
+        elif kind == "leaders":
+            target, hold = "leader", rng.uniform(2.0, 4.0)
         else:
             target = rng.choice([*brokers, "leader"])
             hold = rng.uniform(1.0, 4.0)
@@ -235,6 +240,9 @@ async def nemesis(data_dir: Path, plan: list[Fault], rec: Recorder, stop: asynci
                 await asyncio.wait_for(stop.wait(), timeout=delay)
         if stop.is_set():
             return
+        if fault.kind == "leaders":
+            await kill_leaders(data_dir, fault, rec, t0, rng)
+            continue
         spec = _spec(data_dir)
         target = await _resolve(fault, spec.controller.address, rng)
         m = spec.member(target)
@@ -260,6 +268,36 @@ async def nemesis(data_dir: Path, plan: list[Fault], rec: Recorder, stop: asynci
             cl.reap()
             _restart(data_dir, m.name)
         rec.nemesis("heal", m.name, "SIGCONT" if fault.kind == "pause" else "restarted")
+
+
+async def kill_leaders(data_dir: Path, fault: Fault, rec: Recorder, t0: float, rng: random.Random) -> None:
+    """Aggressive: SIGKILL one partition's leader, then its successor, until every replica is down;
+    restart them stalest first. With unclean.leader.election.enable the first one back may be elected
+    out of sync, and acknowledged writes held only by the others are truncated away."""
+    spec = _spec(data_dir)
+    victims: list[str] = []
+    partition: int | None = None
+    for _ in range(len(spec.brokers)):
+        with contextlib.suppress(Exception):
+            parts = [p for p in await describe(spec.controller.address) if p["leader"] >= 0]
+            if partition is None and parts:
+                partition = rng.choice(parts)["partition"]
+            leader = next((p["leader"] for p in parts if p["partition"] == partition), -1)
+            if leader >= 0 and f"broker-{leader}" not in victims:
+                m = spec.member(f"broker-{leader}")
+                cl.send_signal(m, signal.SIGKILL)
+                victims.append(m.name)
+                print(f"[{time.monotonic() - t0:6.1f}s] leaders    {m.name} (SIGKILL, leader of {TOPIC}-{partition})",
+                      flush=True)
+                rec.nemesis("leaders", m.name, f"SIGKILL leader of partition {partition}")
+                rec.stats.faults.append(f"leaders:{m.name}")
+        await asyncio.sleep(1.5)
+    await asyncio.sleep(fault.hold_s)
+    cl.reap()
+    for name in victims:  # the stalest first
+        _restart(data_dir, name)
+        rec.nemesis("heal", name, "restarted")
+        await asyncio.sleep(2.0)
 
 
 def heal(data_dir: Path) -> None:

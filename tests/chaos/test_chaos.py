@@ -48,8 +48,14 @@ def test_schedule_uses_only_the_requested_faults() -> None:
     assert {f.kind for f in plan} == {"pause"}
 
 
+def test_leaders_fault_targets_the_current_leader() -> None:
+    plan = schedule(9, 120, ("leaders",), BROKERS, session_timeout_s=6)
+    assert plan and all(f.kind == "leaders" and f.target == "leader" for f in plan)
+
+
 def test_fault_list_is_checked() -> None:
     assert _faults("kill, pause") == ("kill", "pause")
+    assert _faults("leaders") == ("leaders",)
     with pytest.raises(CliError, match="comma list"):
         _faults("kill,explode")
     with pytest.raises(CliError, match="not implemented"):
