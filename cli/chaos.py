@@ -278,20 +278,28 @@ async def kill_leaders(data_dir: Path, fault: Fault, rec: Recorder, t0: float, r
     victims: list[str] = []
     partition: int | None = None
     for _ in range(len(spec.brokers)):
-        with contextlib.suppress(Exception):
-            parts = [p for p in await describe(spec.controller.address) if p["leader"] >= 0]
-            if partition is None and parts:
-                partition = rng.choice(parts)["partition"]
-            leader = next((p["leader"] for p in parts if p["partition"] == partition), -1)
-            if leader >= 0 and f"broker-{leader}" not in victims:
-                m = spec.member(f"broker-{leader}")
-                cl.send_signal(m, signal.SIGKILL)
-                victims.append(m.name)
-                print(f"[{time.monotonic() - t0:6.1f}s] leaders    {m.name} (SIGKILL, leader of {TOPIC}-{partition})",
-                      flush=True)
-                rec.nemesis("leaders", m.name, f"SIGKILL leader of partition {partition}")
-                rec.stats.faults.append(f"leaders:{m.name}")
-        await asyncio.sleep(1.5)
+        # the controller moves leadership only once it fences the dead broker (session timeout): wait for it
+        leader = -1
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                parts = [p for p in await describe(spec.controller.address) if p["leader"] >= 0]
+                if partition is None and parts:
+                    partition = rng.choice(parts)["partition"]
+                leader = next((p["leader"] for p in parts if p["partition"] == partition), -1)
+                if leader >= 0 and f"broker-{leader}" not in victims:
+                    break
+            leader = -1
+            await asyncio.sleep(0.5)
+        if leader < 0:
+            break  # offline (no eligible replica left) or no answer: stop the chain here
+        m = spec.member(f"broker-{leader}")
+        cl.send_signal(m, signal.SIGKILL)
+        victims.append(m.name)
+        print(f"[{time.monotonic() - t0:6.1f}s] leaders    {m.name} (SIGKILL, leader of {TOPIC}-{partition})",
+              flush=True)
+        rec.nemesis("leaders", m.name, f"SIGKILL leader of partition {partition}")
+        rec.stats.faults.append(f"leaders:{m.name}")
     await asyncio.sleep(fault.hold_s)
     cl.reap()
     for name in victims:  # the stalest first
