@@ -121,7 +121,8 @@ def test_sixty_second_chaos_script_end_to_end(tmp_path: Path) -> None:
     data, out = tmp_path / "cluster", tmp_path / "out"
     env = {"CHAOS_DIR": str(data), "CHAOS_OUT": str(out), "SPARK_MASTER": "local[2]", "PATH": "/usr/bin:/bin"}
     try:
-        proc = subprocess.run(["bash", "scripts/chaos.sh", "60", "7", "--base-port", str(free_base_port())],
+        proc = subprocess.run(["bash", "scripts/chaos.sh", "60", "7", "--base-port", str(free_base_port()),
+                               "--inflight", "8"],
                               cwd=ROOT, capture_output=True, text=True, timeout=175, check=False,
                               env=env)
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
