@@ -10,7 +10,7 @@ seed=${2:-1}
 shift $(( $# > 2 ? 2 : $# ))
 data=${CHAOS_DIR:-./minibroker-chaos}
 out=${CHAOS_OUT:-./minibroker-chaos-out}
-mb=".venv/bin/python -m cli.main"
+mb=".venv/bin/minibroker"  # the entry point (under `python -m cli.main` a CliError would print a traceback)
 $mb chaos run --duration "$duration" --seed "$seed" --data-dir "$data" --out "$out" "$@"
 $mb export --data-dir "$data" --history "$out" --out "$out/export"
 exec $mb audit "$out/export" --master "${SPARK_MASTER:-local[*]}" --report "$out/audit.json"
