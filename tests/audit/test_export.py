@@ -11,6 +11,7 @@ import pytest
 
 from audit.export import ExportError, export
 from cli.main import main
+from storage.log_manager import LogManager
 from tests.audit.datadirs import (
     Batch,
     batch_positions,
@@ -192,3 +193,36 @@ def test_export_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "6 sends, 6 polls" in printed
     assert main(["export", "--data-dir", str(tmp_path), "--out", str(tmp_path / "e2")]) == 2
     assert "neither a broker data directory" in capsys.readouterr().err
+
+
+async def test_export_of_a_log_written_by_storage_log_manager(tmp_path: Path) -> None:
+    """The layout the broker really writes (LogManager + Log), not our own file writer."""
+    from common.clock import ManualClock
+    from common.config import BROKER_CONFIGS, Config
+    from common.wire import TopicPartition
+    from storage.log import LogConfig
+    from storage.record_batch import build_batch
+
+    data = tmp_path / "broker-5"
+    write_meta(data, 5)
+    cfg = Config(BROKER_CONFIGS)
+    manager = LogManager(data, cfg, ManualClock())
+    await manager.load()
+    tp = TopicPartition("orders", 2)
+    log = await manager.get_or_create_log(tp, LogConfig.from_config(cfg))
+    for epoch in (0, 0, 3):
+        log.append_as_leader(build_batch([(None, f"e{epoch}-{i}".encode()) for i in range(20)], timestamp_ms=1),
+                             epoch)
+        log.roll()
+    manager.checkpoint_high_watermarks({tp: 50})
+    await manager.close()
+    out = tmp_path / "export"
+    summary = export([data], out)
+    assert (summary.brokers, summary.records, summary.damaged) == ([5], 60, 0)
+    [rep] = table(out, "replicas")
+    assert (rep["high_watermark"], rep["log_end_offset"], rep["latest_epoch"]) == (50, 60, 3)
+    assert rep["segments"] >= 3
+    assert rep["epoch_cache"][-1] == {"epoch": 3, "start_offset": 40}
+    rows = sorted(table(out, "records"), key=lambda r: r["offset"])
+    assert [r["offset"] for r in rows] == list(range(60))
+    assert rows[45]["value"] == b"e3-5" and rows[45]["leader_epoch"] == 3
