@@ -80,4 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the importable module, not this __main__ copy, so that the
+    # CliError subcommands raise is the class main() catches.
+    from cli.main import main as _main
+
+    sys.exit(_main())
