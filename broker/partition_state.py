@@ -65,6 +65,10 @@ class PartitionState:
     leader_epoch_start_offset: int = -1
     pending: PendingIsrChange | None = None
     followers: tuple[ReplicaState, ...] = ()
+    # (broker id, broker epoch) pairs the controller refused to add (INELIGIBLE_REPLICA: fenced or
+    # shutting down). Not proposed again until that broker fetches with a new broker epoch, so a dead
+    # replica's last fetch cannot keep re-entering the maximal ISR and pinning the HW (KIP-841).
+    ineligible: frozenset[tuple[int, int]] = frozenset()
 
     @property
     def maximal_isr(self) -> frozenset[int]:
@@ -95,7 +99,8 @@ def become_leader(state: PartitionState, *, leader_epoch: int, partition_epoch: 
     return replace(state, role=Role.LEADER, leader=state.broker_id, leader_epoch=leader_epoch,
                    partition_epoch=partition_epoch, isr=isr, replicas=replicas,
                    high_watermark=min(high_watermark, leader_end_offset),
-                   leader_epoch_start_offset=start, pending=None, followers=followers)
+                   leader_epoch_start_offset=start, pending=None, followers=followers,
+                   ineligible=state.ineligible if not epoch_changed else frozenset())
 
 
 def become_follower(state: PartitionState, *, leader: int, leader_epoch: int, partition_epoch: int,
@@ -152,6 +157,7 @@ def expansion_candidates(state: PartitionState) -> tuple[int, ...]:
     return tuple(
         r.broker_id for r in state.followers
         if r.broker_id not in members
+        and (r.broker_id, r.broker_epoch) not in state.ineligible
         and r.log_end_offset >= state.high_watermark
         and r.log_end_offset >= state.leader_epoch_start_offset
     )
@@ -184,6 +190,18 @@ def next_isr_change(state: PartitionState, *, now_ms: int, leader_end_offset: in
     if shrink:
         return PendingIsrChange(new_isr=tuple(b for b in state.isr if b not in shrink), is_expand=False)
     return None
+
+
+def isr_change_refused(state: PartitionState, *, ineligible: bool) -> PartitionState:
+    """The controller refused the pending change; with INELIGIBLE_REPLICA the replicas it would have
+    added (at the broker epochs they fetched with) are not proposed again."""
+    if state.pending is None:
+        return state
+    refused: frozenset[tuple[int, int]] = frozenset()
+    if ineligible:
+        added = set(state.pending.new_isr) - set(state.isr)
+        refused = frozenset((r.broker_id, r.broker_epoch) for r in state.followers if r.broker_id in added)
+    return replace(state, pending=None, ineligible=state.ineligible | refused)
 
 
 def isr_change_committed(state: PartitionState, *, leader_epoch: int, isr: tuple[int, ...],

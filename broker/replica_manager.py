@@ -369,8 +369,14 @@ class ReplicaManager:
         if error is not ErrorCode.NONE:
             return {"error": int(error)}
         self.controller_epoch = req.header.controller_epoch
+        live_before = set(self.metadata.brokers)
         self.metadata.update(req.header.controller_id, req.brokers, req.partition_states, req.topic_configs,
                              req.deleted_topics)
+        if set(self.metadata.brokers) != live_before:
+            # A broker was fenced or unfenced: replicas refused as ineligible may be eligible again.
+            for p in self.partitions.values():
+                if p.state.ineligible:
+                    p.state = replace(p.state, ineligible=frozenset())
         for topic, cfg in req.topic_configs.items():
             for tp, p in self.partitions.items():
                 if tp.topic == topic:
@@ -429,10 +435,13 @@ class ReplicaManager:
             log.warning("isr_change_rejected", broker_id=self.broker_id, topic=p.tp.topic, partition=p.tp.partition,
                         leader_epoch=sent.leader_epoch, partition_epoch=sent.partition_epoch,
                         new_isr=list(change.new_isr), error=result.error.name)
-            p.state = replace(p.state, pending=None)
+            p.state = ps.isr_change_refused(p.state, ineligible=result.error is ErrorCode.INELIGIBLE_REPLICA)
             # The controller's view differs (its LeaderAndIsr is on the way): do not ask again on every
             # follower fetch meanwhile.
             self._isr_backoff_until[p.tp] = self.clock.monotonic_ms() + ISR_RETRY_BACKOFF_MS
+            # A dropped addition no longer holds the HW back: nothing else may wake the waiting produces
+            # (caught-up followers are parked in long polls), so re-evaluate now.
+            self._maybe_advance_hw(p)
             return
         self._isr_backoff_until.pop(p.tp, None)
         before = p.state.isr

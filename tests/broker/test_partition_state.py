@@ -113,3 +113,24 @@ def test_hw_is_monotonic_and_bounded(fetches: list[tuple[int, int]], leo: int) -
             if r.log_end_offset >= 0 and s.high_watermark > last:
                 assert s.high_watermark <= r.log_end_offset
         last = s.high_watermark
+
+
+def test_replica_refused_as_ineligible_is_not_proposed_again_until_a_new_broker_epoch() -> None:
+    s = leader(isr=(1, 2), hw=100, leo=100)
+    s = fetch(fetch(s, 2, 100, 1, 100), 3, 100, 1, 100)  # 3 fetched once (broker epoch 1), e.g. just before dying
+    change = ps.next_isr_change(s, now_ms=1, leader_end_offset=100, replica_lag_time_max_ms=LAG)
+    assert change is not None and change.new_isr == (1, 2, 3)
+    refused = ps.isr_change_refused(replace(s, pending=change), ineligible=True)
+    assert refused.pending is None and refused.ineligible == {(3, 1)}
+    assert ps.next_isr_change(refused, now_ms=2, leader_end_offset=120, replica_lag_time_max_ms=LAG) is None
+    # the HW no longer waits for the refused replica
+    moved = ps.update_follower(refused, broker_id=2, fetch_offset=120, log_start_offset=0, now_ms=3,
+                               leader_end_offset=120, broker_epoch=1)
+    assert ps.compute_high_watermark(moved, 120) == 120
+    # a new incarnation (new broker epoch) is a candidate again
+    back = ps.update_follower(moved, broker_id=3, fetch_offset=120, log_start_offset=0, now_ms=4,
+                              leader_end_offset=120, broker_epoch=2)
+    assert ps.expansion_candidates(back) == (3,)
+    # any other refusal only drops the pending change
+    other = ps.isr_change_refused(replace(s, pending=change), ineligible=False)
+    assert other.pending is None and other.ineligible == frozenset()
