@@ -196,7 +196,11 @@ class ReplicaManager:
     def _check_control(self, header: ControlHeader) -> ErrorCode:
         if header.controller_epoch < self.controller_epoch:
             return ErrorCode.STALE_CONTROLLER_EPOCH
-        if header.broker_epoch >= 0 and self._broker_epoch >= 0 and header.broker_epoch < self._broker_epoch:
+        if header.broker_epoch >= 0 and header.broker_epoch < self._broker_epoch:
+            return ErrorCode.STALE_BROKER_EPOCH
+        if header.broker_epoch >= 0 and self._broker_epoch < 0:
+            # Not registered yet: the epoch may be the previous incarnation's, whose orders this process must
+            # not obey. The controller retries once our registration is known on both sides.
             return ErrorCode.STALE_BROKER_EPOCH
         return ErrorCode.NONE
 

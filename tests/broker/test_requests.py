@@ -267,3 +267,28 @@ async def test_mixed_partitions_acks0_stale_stop_and_deleted_topic(start_broker:
     await controller.send_update_metadata(b.address, deleted_topics=[TP.topic])
     md = await rpc.call(b.address, "metadata", {"topics": [TP.topic]})
     assert md["topics"][0]["error"] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+async def test_unregistered_broker_refuses_orders_carrying_a_broker_epoch(tmp_path: Any, rpc: RpcClient,
+                                                                         controller: FakeController) -> None:
+    """A restarted broker that has not heard its registration answer must not obey requests addressed to
+    its previous incarnation's broker epoch; orders without an epoch (-1) are still taken."""
+    from broker.process import BrokerOptions, BrokerProcess
+    from common.config import broker_config
+
+    opts = BrokerOptions(1, "127.0.0.1", 0, "127.0.0.1:1", tmp_path / "b1", None,
+                         broker_config({"broker.heartbeat.interval.ms": 200}))
+    proc = BrokerProcess(opts)
+    await proc.start()
+    try:
+        assert proc.rm is not None and proc.rm.broker_epoch == -1
+        state = {"topic": TP.topic, "partition": TP.partition, "leader": 1, "leader_epoch": 0, "isr": [1],
+                 "partition_epoch": 0, "replicas": [1], "is_new": True}
+        old = await controller.send_leader_and_isr(proc.address, [state], broker_epoch=7)
+        assert old["error"] == ErrorCode.STALE_BROKER_EPOCH
+        assert part(await rpc.call(proc.address, "produce", produce_body(batch())))["error"] == \
+            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        ok = await controller.send_leader_and_isr(proc.address, [state], broker_epoch=-1)
+        assert ok["error"] == 0
+    finally:
+        await proc.stop()
