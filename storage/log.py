@@ -573,6 +573,10 @@ class Log:
         if offset < 0:
             raise ValueError(f"cannot truncate to {offset}")
         if offset >= self.log_end_offset:
+            # Nothing to cut, but (as Kafka's UnifiedLog.truncateTo) drop epoch entries starting at the LEO:
+            # a leader deposed before it appended anything left one, and it would make this replica
+            # claim an epoch the new leader never saw.
+            self.epoch_cache.truncate_from_end(self.log_end_offset)
             return False
         if offset < self.log_start_offset:
             self.truncate_fully_and_start_at(offset)

@@ -179,6 +179,19 @@ def test_truncate_to(pdir: Path) -> None:
     log.close()
 
 
+def test_truncate_at_the_leo_drops_an_epoch_that_never_appended(pdir: Path) -> None:
+    log = open_log(pdir)
+    log.append_as_leader(batch(2), 1)
+    log.maybe_assign_epoch_start_offset(2, log.log_end_offset)  # became leader at epoch 2, then deposed
+    assert log.latest_epoch() == 2
+    assert log.truncate_to(log.log_end_offset) is False  # no data removed ...
+    assert log.latest_epoch() == 1  # ... but the empty epoch is gone, as in Kafka's truncateTo
+    log.close()
+    log = open_log(pdir)
+    assert [(e.epoch, e.start_offset) for e in log.epoch_cache.entries()] == [(1, 0)]
+    log.close()
+
+
 def test_truncate_fully_and_start_at(pdir: Path) -> None:
     log = open_log(pdir)
     log.append_as_leader(batch(5), 2)

@@ -194,6 +194,7 @@ class LogMachine(RuleBasedStateMachine):
         removed = self.log.truncate_to(target)
         assert removed == (target < self.leo)
         if target >= self.leo:
+            self.epochs = [(e, s) for e, s in self.epochs if s < self.leo]  # an epoch that never appended goes
             return
         if target < self.start:
             self._reset(target)
