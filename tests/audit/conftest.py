@@ -1,30 +1,8 @@
-"""One SparkSession for the whole test session (a JVM start costs seconds on 2 cores)."""
-
-from __future__ import annotations
-
-from collections.abc import Iterator
-from typing import Any
+"""CLI commands run in-process here: every test resets structlog afterwards."""
 
 import pytest
 
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    pytest.importorskip("pyspark")
-    from audit.spark_audit import build_session
-
-    session = build_session("local[2]", app_name="minibroker-audit-tests", shuffle_partitions=2,
-                            driver_memory="768m")
-    try:
-        yield session
-    finally:
-        session.stop()
-
-
 @pytest.fixture(autouse=True)
-def _reset_structlog() -> Iterator[None]:
-    """CLI commands run in-process configure structlog onto pytest's captured stderr; undo it."""
-    yield
-    import structlog
-
-    structlog.reset_defaults()
+def _reset_structlog(reset_structlog: None) -> None:
+    """Uses the shared ``reset_structlog`` fixture for every test in this folder."""

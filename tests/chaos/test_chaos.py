@@ -4,8 +4,6 @@ export and audit: zero violations and thousands of acknowledged writes."""
 from __future__ import annotations
 
 import json
-import random
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,6 +17,7 @@ from audit.spark_audit import Status, format_summary, run_audit
 from cli import cluster as cl
 from cli.chaos import DEFAULT_FAULTS, _faults, schedule
 from cli.main import CliError
+from tests.cli.helpers import free_base_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BROKERS = ["broker-1", "broker-2", "broker-3"]
@@ -60,20 +59,6 @@ def test_fault_list_is_checked() -> None:
         _faults("kill,explode")
     with pytest.raises(CliError, match="not implemented"):
         _faults("partition")
-
-
-def free_base_port(count: int = 4) -> int:
-    rng = random.Random()
-    for _ in range(50):
-        base = rng.randrange(20_000, 60_000)
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free port range")
 
 
 @pytest.fixture
