@@ -22,9 +22,10 @@ def spark() -> Iterator[Any]:
         session.stop()
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def reset_structlog() -> Iterator[None]:
-    """CLI commands run in-process configure structlog onto pytest's captured stderr; undo it."""
+    """CLI commands run in-process configure structlog onto pytest's captured stderr, which is closed
+    after the test: undo it so that later tests never log into a closed file."""
     yield
     import structlog
 
