@@ -44,7 +44,7 @@ from audit.history import HistoryFormatError, find_history_files, read_history
 from common.clock import Clock, SystemClock
 from common.logging import get_logger
 from common.wire import TopicPartition
-from storage.checkpoint import CheckpointError, read_epochs, read_offsets
+from storage.checkpoint import CheckpointError, read_epochs, read_offsets, read_properties
 from storage.record_batch import (
     HEADER_SIZE,
     MIN_BATCH_LENGTH,
@@ -114,16 +114,6 @@ class ExportSummary:
 
 
 # ---------------------------------------------------------------- discovery
-
-def read_properties(path: Path) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if line and not line.startswith("#") and "=" in line:
-            key, _, value = line.partition("=")
-            out[key.strip()] = value.strip()
-    return out
-
 
 def _broker_id(path: Path) -> int | None:
     meta = path / META_FILE

@@ -29,6 +29,7 @@ from broker.server import build_app
 from common.clock import Clock, SystemClock
 from common.config import Config
 from common.logging import get_logger
+from storage.checkpoint import read_properties
 
 log = get_logger("broker")
 
@@ -56,16 +57,6 @@ def parse_host_port(text: str, what: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise DataDirError(f"{what}: expected HOST:PORT, got {text!r}")
     return host, int(port)
-
-
-def read_properties(path: Path) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if line and not line.startswith("#") and "=" in line:
-            key, _, value = line.partition("=")
-            out[key.strip()] = value.strip()
-    return out
 
 
 def check_meta(data_dir: Path, node_id: int) -> str:

@@ -115,3 +115,14 @@ def read_epochs(path: Path) -> list[EpochEntry]:
     if not path.exists():
         return []
     return [EpochEntry(_int(path, r[0]), _int(path, r[1])) for r in _parse(path, 2)]
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    """A Java-style ``key=value`` file such as ``meta.properties`` (``#`` comments skipped)."""
+    out: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip()
+    return out
