@@ -83,19 +83,26 @@ def _spawn(args: list[str], data_dir: Path) -> tuple[subprocess.Popen[bytes], st
     proc = subprocess.Popen([sys.executable, *args], cwd=REPO, stdout=subprocess.DEVNULL, stderr=log,
                             stdin=subprocess.DEVNULL)
     log.close()
+    return proc, wait_for_endpoint(proc, data_dir, f"{args[:3]} did not start; see {data_dir}.stderr.log")
+
+
+def wait_for_endpoint(proc: subprocess.Popen[bytes], data_dir: Path, failure: str) -> str:
+    """The ``host:port`` a process started with ``--listen ...:0`` wrote to ``<data-dir>/endpoint``
+    (bounded wait); the process is stopped and ``failure`` raised when it does not come up."""
     endpoint = data_dir / "endpoint"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if endpoint.exists() and endpoint.read_text().strip():
-            return proc, endpoint.read_text().strip()
+            return endpoint.read_text().strip()
         if proc.poll() is not None:
             break
         time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"{args[:3]} did not start; see {data_dir}.stderr.log")
+    stop_process(proc)
+    raise RuntimeError(failure)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (graceful stop), then SIGKILL after 20 s."""
     if proc.poll() is None:
         os.kill(proc.pid, signal.SIGTERM)
         try:
@@ -177,8 +184,8 @@ async def _perf(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
                              "req_s": args.requests / seconds, "records_s": args.requests * args.records / seconds,
                              "mb_s": args.requests * len(body) / seconds / 1e6, "cpu_us": cpu_us})
     finally:
-        _stop(broker)
-        _stop(bare)
+        stop_process(broker)
+        stop_process(bare)
         await stub.cleanup()
     return rows
 

@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from broker.bench import stop_process, wait_for_endpoint
 from common.wire import CONTENT_TYPE, decode, encode
 
 REPO = Path(__file__).resolve().parent.parent
@@ -121,26 +121,8 @@ def spawn_broker(node_id: int, work: Path, controller: str, sets: dict[str, Any]
     with open(stderr, "wb") as err:
         proc = subprocess.Popen(args, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    endpoint = data_dir / "endpoint"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if endpoint.exists() and endpoint.read_text().strip():
-            return Broker(node_id, proc, endpoint.read_text().strip(), stderr)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    stop_broker(proc)
-    raise RuntimeError(f"broker {node_id} did not start; see {stderr}")
-
-
-def stop_broker(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    address = wait_for_endpoint(proc, data_dir, f"broker {node_id} did not start; see {stderr}")
+    return Broker(node_id, proc, address, stderr)
 
 
 async def fetch_requests(session: aiohttp.ClientSession, brokers: dict[int, Broker]) -> float:
@@ -276,7 +258,7 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         return result
     finally:
         for b in brokers.values():
-            await asyncio.to_thread(stop_broker, b.proc)
+            await asyncio.to_thread(stop_process, b.proc)
         await controller.close()
 
 
