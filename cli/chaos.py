@@ -1,7 +1,7 @@
 """``minibroker chaos run``: a workload under a seeded nemesis, recorded as a history.
 
     minibroker chaos run [--duration S] [--data-dir DIR] [--out DIR] [--seed N]
-                         [--faults kill,term,pause,controller] [--brokers 3] [--partitions 3]
+                         [--faults kill,term,pause,controller,partition] [--brokers 3] [--partitions 3]
 
 Starts a local cluster in ``--data-dir`` (``cli.cluster``; or uses the one
 running there), creates an RF=3, min.insync.replicas=2 topic and runs, for
@@ -21,8 +21,19 @@ running there), creates an RF=3, min.insync.replicas=2 topic and runs, for
   (not in the default list) SIGKILL a partition's leader, then each successor,
   until all its replicas are down, and restart them stalest first: with
   ``--unclean`` this is the scenario where Kafka loses acknowledged writes.
-  ``partition`` (network namespaces) is not implemented: asking for it is an
-  error rather than a silent no-op.
+  ``partition`` (not in the default list; needs root and iproute2) cuts a random
+  broker or the current leader of a partition off the network for 2 s to
+  session timeout + 3 s, then reconnects it.
+
+With ``partition`` the run builds Linux network namespaces (``cli.netns``):
+one per member and one for the client workload, joined by a bridge in a hub
+namespace, addresses in the private test subnet 10.213.0.0/24, nothing
+attached to the root namespace. It starts a fresh cluster whose members run
+under ``ip netns exec``, re-executes itself inside the client namespace for
+the workload and nemesis, and removes every namespace at the end (also when
+the run fails). A partition sets the target's port on the bridge down: it
+reaches no one and no one reaches it (controller, brokers, clients alike).
+Asking for it without root or ``ip netns`` is an error, not a silent no-op.
 
 At the end it heals everything (SIGCONT, restart what is down), waits for
 every ISR to be full, final-reads every partition (process ``final``), prints
@@ -38,17 +49,20 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import signal
+import subprocess
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from audit.history import HistoryWriter, NemesisEvent, Outcome, PollEvent, SendEvent
 from cli import cluster as cl
+from cli import netns
 from cli.main import CliError
 
 FAULTS = ("kill", "term", "pause", "controller", "leaders", "partition")
@@ -81,6 +95,8 @@ def schedule(seed: int, duration_s: float, faults: tuple[str, ...], brokers: lis
             target, hold = rng.choice(brokers), session_timeout_s + rng.uniform(1.0, 3.0)
         elif kind == "leaders":
             target, hold = "leader", rng.uniform(2.0, 4.0)
+        elif kind == "partition":
+            target, hold = rng.choice([*brokers, "leader"]), rng.uniform(2.0, session_timeout_s + 3.0)
         else:
             target = rng.choice([*brokers, "leader"])
             hold = rng.uniform(1.0, 4.0)
@@ -243,6 +259,9 @@ async def nemesis(data_dir: Path, plan: list[Fault], rec: Recorder, stop: asynci
         if fault.kind == "leaders":
             await kill_leaders(data_dir, fault, rec, t0, rng)
             continue
+        if fault.kind == "partition":
+            await partition_fault(data_dir, fault, rec, t0, rng)
+            continue
         spec = _spec(data_dir)
         target = await _resolve(fault, spec.controller.address, rng)
         m = spec.member(target)
@@ -308,7 +327,34 @@ async def kill_leaders(data_dir: Path, fault: Fault, rec: Recorder, t0: float, r
         await asyncio.sleep(2.0)
 
 
+_NET: netns.NetPlan | None = None  # set when this run executes inside the client namespace
+
+
+async def partition_fault(data_dir: Path, fault: Fault, rec: Recorder, t0: float, rng: random.Random) -> None:
+    """Cut one broker off the hub bridge for ``hold_s``, then reconnect it."""
+    if _NET is None:
+        raise CliError("a partition fault needs the network namespaces of `chaos run --faults partition`")
+    spec = _spec(data_dir)
+    m = spec.member(await _resolve(fault, spec.controller.address, rng))
+    try:
+        await asyncio.to_thread(netns.partition, _NET, m.name)
+    except CliError as exc:
+        print(f"[{time.monotonic() - t0:6.1f}s] partition  {m.name} -- failed: {exc}", flush=True)
+        return
+    print(f"[{time.monotonic() - t0:6.1f}s] partition  {m.name} (isolated {m.host}, hold {fault.hold_s:.1f}s)",
+          flush=True)
+    rec.nemesis("partition", m.name, f"isolated {m.host} from every namespace hold_s={fault.hold_s}")
+    rec.stats.faults.append(f"partition:{m.name}")
+    try:
+        await asyncio.sleep(fault.hold_s)
+    finally:
+        await asyncio.to_thread(netns.heal, _NET, m.name)
+    rec.nemesis("heal", m.name, "reconnected")
+
+
 def heal(data_dir: Path) -> None:
+    if _NET is not None:
+        netns.heal(_NET)
     for m in _spec(data_dir).members:
         cl.send_signal(m, signal.SIGCONT)
     cl.reap()
@@ -397,8 +443,6 @@ def _faults(text: str) -> tuple[str, ...]:
     bad = [k for k in kinds if k not in FAULTS]
     if bad or not kinds:
         raise CliError(f"--faults takes a comma list of {', '.join(FAULTS)}; got {text!r}")
-    if "partition" in kinds:
-        raise CliError("--faults partition (network namespaces) is not implemented in this version")
     return kinds
 
 
@@ -417,14 +461,69 @@ def _ensure_cluster(args: argparse.Namespace, data_dir: Path) -> bool:
     broker_settings = ["controlled.shutdown.max.wait.ms=5000", *args.set]
     spec = cl.plan(data_dir, args.brokers, args.base_port, settings=broker_settings,
                    controller_settings=controller_settings)
+    if _NET is not None:  # every member in its own namespace, on its address there
+        net = _NET
+        spec = replace(spec, host=net.node("controller").address,
+                       members=tuple(replace(m, host=net.node(m.name).address, netns=net.node(m.name).ns)
+                                     for m in spec.members))
     print(f"starting a cluster of {args.brokers} brokers in {data_dir}", flush=True)
     cl.up(spec, timeout_s=60)
     return True
 
 
-def run(args: argparse.Namespace) -> int:
-    import os
+def _inner_argv(args: argparse.Namespace, data_dir: Path, out: Path) -> list[str]:
+    """This run's options, for re-executing it inside the client namespace."""
+    argv = ["chaos", "run", "--duration", str(args.duration), "--data-dir", str(data_dir), "--out", str(out),
+            "--seed", str(args.seed), "--faults", args.faults, "--brokers", str(args.brokers),
+            "--partitions", str(args.partitions), "--producers", str(args.producers),
+            "--inflight", str(args.inflight), "--base-port", str(args.base_port),
+            "--session-timeout-ms", str(args.session_timeout_ms), "--heal-timeout", str(args.heal_timeout)]
+    if args.unclean:
+        argv.append("--unclean")
+    for item in args.set:
+        argv += ["--set", item]
+    return argv
 
+
+def _run_in_namespaces(args: argparse.Namespace, data_dir: Path, out: Path) -> int:
+    """Create the namespaces, run this command again inside the client one, always remove them."""
+    if args.keep_running:
+        raise CliError("--keep-running cannot be combined with --faults partition (the namespaces are removed)")
+    if (data_dir / cl.CLUSTER_FILE).exists() and any(cl.is_running(m) for m in cl.load(data_dir).members):
+        raise CliError(f"--faults partition starts its own cluster, but one is running in {data_dir}")
+    net = netns.plan(str(os.getpid()), netns.chaos_roles(args.brokers))
+    print(f"network namespaces {net.hub}, {', '.join(n.ns for n in net.nodes)} (10.213.0.0/24)", flush=True)
+
+    def on_term(_sig: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        netns.create(net)
+        argv = [*netns.exec_prefix(net.node("client").ns), *cl.minibroker_argv(), *_inner_argv(args, data_dir, out)]
+        proc = subprocess.Popen(argv, env={**os.environ, netns.ENV: net.to_json()})
+        return proc.wait()
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if (data_dir / cl.CLUSTER_FILE).exists():  # whatever the inner run left running (by recorded pid)
+            spec = cl.load(data_dir)
+            cl.stop_members(spec.brokers, timeout_s=20)
+            cl.stop_members([spec.controller], timeout_s=10)
+        left = netns.destroy(net)
+        signal.signal(signal.SIGTERM, previous)
+        if left:
+            print(f"warning: could not remove network namespaces {', '.join(left)}", file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    global _NET
     from common.logging import configure
 
     # client retries during faults are expected: keep them out of the progress lines unless asked for
@@ -434,9 +533,15 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--duration must be > 0 and --brokers >= 3 (the topic has RF=3)")
     data_dir = Path(args.data_dir).resolve()
     out = Path(args.out).resolve()
+    if "partition" in faults and netns.ENV not in os.environ:
+        netns.require()  # before creating anything
     out.mkdir(parents=True, exist_ok=True)
     if (out / "history.jsonl").exists():
         raise CliError(f"{out} already holds a history.jsonl; choose another --out")
+    if "partition" in faults and netns.ENV not in os.environ:
+        return _run_in_namespaces(args, data_dir, out)
+    if "partition" in faults:
+        _NET = netns.NetPlan.from_json(os.environ[netns.ENV])
     started = _ensure_cluster(args, data_dir)
     brokers = [m.name for m in cl.load(data_dir).brokers]
     plan = schedule(args.seed, args.duration, faults, brokers, session_timeout_s=args.session_timeout_ms / 1000)
