@@ -9,9 +9,10 @@ running there), creates an RF=3, min.insync.replicas=2 topic and runs, for
 
 - producers sending unique values (``<process>-<n>``) with acks=all, every
   attempt recorded with its outcome (``audit.history``): ``ok`` with partition
-  and offset, or ``info`` for any delivery error. A delivery error is
-  indeterminate in general (an earlier attempt of a retried batch may have
-  been written), so the run never claims ``fail``; Jepsen records the same.
+  and offset, ``fail`` when the producer knows nothing was written (every
+  attempt was refused before an append, or none was sent:
+  ``client.errors.is_definite_failure``), else ``info`` (indeterminate: a
+  timeout or lost connection may hide an append), as Jepsen records them.
 - a consumer polling every partition from the beginning, recording each record.
 - a nemesis on a schedule drawn from ``--seed`` (``schedule`` is pure):
   ``kill`` SIGKILL a random broker or the current leader of a partition, then
@@ -37,7 +38,7 @@ Asking for it without root or ``ip netns`` is an error, not a silent no-op.
 
 At the end it heals everything (SIGCONT, restart what is down), waits for
 every ISR to be full, final-reads every partition (process ``final``), prints
-a summary (acked, indeterminate, faults, elections seen) and writes
+a summary (acked, failed, indeterminate, faults, elections seen) and writes
 ``history.jsonl`` and ``summary.json`` into ``--out``. A cluster the run
 started is stopped gracefully afterwards (exact HW checkpoints for the
 export) unless ``--keep-running``.
@@ -111,6 +112,7 @@ def schedule(seed: int, duration_s: float, faults: tuple[str, ...], brokers: lis
 @dataclass
 class Stats:
     acked: int = 0
+    failed: int = 0  # definite failures: the producer knows nothing of the send was written
     indeterminate: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     polled: int = 0
@@ -139,13 +141,17 @@ class Recorder:
             event = SendEvent(process, self.seq(process), TOPIC, None, value, start_ms, now, Outcome.OK,
                               md.partition, md.offset)
         else:
-            from client.errors import error_name
+            from client.errors import error_name, is_definite_failure
 
             name = error_name(exc)
-            self.stats.indeterminate += 1
+            definite = is_definite_failure(exc)
+            if definite:
+                self.stats.failed += 1
+            else:
+                self.stats.indeterminate += 1
             self.stats.errors[name] += 1
-            event = SendEvent(process, self.seq(process), TOPIC, None, value, start_ms, now, Outcome.INFO,
-                              error=name)
+            event = SendEvent(process, self.seq(process), TOPIC, None, value, start_ms, now,
+                              Outcome.FAIL if definite else Outcome.INFO, error=name)
         self.writer.write(event)
 
     def poll(self, process: str, r: Any) -> None:
@@ -429,7 +435,7 @@ async def workload(args: argparse.Namespace, data_dir: Path, out: Path, plan: li
         rec.writer.close()
     elections = sum(max(0, p["leader_epoch"] - before.get(p["partition"], 0)) for p in after)
     return {"seed": args.seed, "duration_s": args.duration, "faults_requested": args.faults,
-            "acked": stats.acked, "failed": 0, "indeterminate": stats.indeterminate,
+            "acked": stats.acked, "failed": stats.failed, "indeterminate": stats.indeterminate,
             "errors": dict(stats.errors), "faults_injected": len(stats.faults), "faults": stats.faults,
             "elections_seen": elections, "isr_full_at_end": healed, "end_offsets": ends,
             "polled": stats.polled, "final_read": stats.final_read,
@@ -555,7 +561,7 @@ def run(args: argparse.Namespace) -> int:
             cl.stop_members(spec.brokers, timeout_s=40)
             cl.stop_members([spec.controller], timeout_s=10)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    print(f"summary: acked {summary['acked']}, failed 0, indeterminate {summary['indeterminate']}, "
+    print(f"summary: acked {summary['acked']}, failed {summary['failed']}, indeterminate {summary['indeterminate']}, "
           f"faults injected {summary['faults_injected']}, elections seen {summary['elections_seen']}, "
           f"ISR full at end: {summary['isr_full_at_end']}, final read {summary['final_read']} records")
     print(f"history: {summary['history']}; summary: {out / 'summary.json'}")

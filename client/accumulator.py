@@ -41,6 +41,8 @@ class ProducerBatch:
     retry_at_ms: int = 0
     last_error: str = ""  # name of the error that caused the last retry
     retrying: bool = False  # requeued after a failed attempt: ready at retry_at_ms, not by linger
+    maybe_written: bool = False  # some attempt got an answer (or none) that does not rule out an append
+    in_flight: bool = False  # an attempt is sent and not yet answered
     completion: Any = None  # the producer's asyncio.Future[int] for the base offset
 
     def __len__(self) -> int:

@@ -20,6 +20,7 @@ __all__ = [
     "ProducerClosedError",
     "error_for",
     "error_name",
+    "is_definite_failure",
 ]
 
 
@@ -47,6 +48,22 @@ class BufferExhaustedError(ClientError):
 
 class ProducerClosedError(ClientError):
     """``send`` after ``close``."""
+
+
+# Answers a leader gives before it appends anything: a send that only ever got these (or was never sent)
+# definitely did not write. Anything else (a timeout, a lost connection, NOT_LEADER_OR_FOLLOWER, which a
+# delayed produce also returns after its append) leaves the outcome unknown.
+NOT_APPENDED = frozenset({
+    ErrorCode.NOT_ENOUGH_REPLICAS, ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.RECORD_LIST_TOO_LARGE,
+    ErrorCode.CORRUPT_MESSAGE, ErrorCode.INVALID_RECORD, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+    ErrorCode.INVALID_REQUIRED_ACKS, ErrorCode.INVALID_REQUEST,
+})
+
+
+def is_definite_failure(exc: BaseException) -> bool:
+    """True when the producer knows no attempt of the failed send can have been written (Jepsen's
+    ``fail``); False when it may have been (``info``)."""
+    return bool(getattr(exc, "definite_failure", False))
 
 
 def error_name(exc: BaseException) -> str:

@@ -27,7 +27,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from client.accumulator import RECORD_OVERHEAD_BYTES, ProducerBatch, RecordAccumulator
-from client.errors import BufferExhaustedError, DeliveryTimeoutError, NoBrokersAvailableError, ProducerClosedError
+from client.errors import (
+    NOT_APPENDED,
+    BufferExhaustedError,
+    DeliveryTimeoutError,
+    NoBrokersAvailableError,
+    ProducerClosedError,
+)
 from client.metadata import MetadataCache, parse_bootstrap
 from client.partitioner import StickyPartitioner
 from common.clock import Clock, SystemClock
@@ -390,13 +396,17 @@ class Producer:
             for batches in drained.values():
                 for b in batches:
                     b.attempts += 1
+                    b.in_flight = True
             body = self._request(drained)
             if self.config.acks == 0:
                 for batches in drained.values():
                     self._complete(batches, -1)
             try:
-                resp = await self._rpc.call(address, "produce", body,
-                                            timeout_s=self.config.request_timeout_ms / 1000 + 5)
+                try:
+                    resp = await self._rpc.call(address, "produce", body,
+                                                timeout_s=self.config.request_timeout_ms / 1000 + 5)
+                finally:
+                    _mark_answered(drained)
             except RpcBadRequest as exc:
                 for batches in drained.values():
                     self._fail(batches, error_for(ErrorCode.INVALID_REQUEST, str(exc)))
@@ -410,8 +420,9 @@ class Producer:
             log.exception("producer_send_failed", broker=address)
             for batches in drained.values():
                 self._fail(batches, exc if isinstance(exc, MinibrokerError)
-                           else error_for(ErrorCode.UNKNOWN_SERVER_ERROR, repr(exc)))
+                           else error_for(ErrorCode.UNKNOWN_SERVER_ERROR, repr(exc)), definite=False)
         finally:
+            _mark_answered(drained)
             self._in_flight[address] -= 1
             self._muted.difference_update(drained)
             self._wake.set()
@@ -446,6 +457,9 @@ class Producer:
     def _retry_or_fail(self, batches: list[ProducerBatch], code: ErrorCode, message: str) -> None:
         if all(b.completion.done() for b in batches):  # acks=0: already resolved
             return
+        if code not in NOT_APPENDED:
+            for b in batches:
+                b.maybe_written = True
         now = self._clock.monotonic_ms()
         head = batches[0]
         if code.retriable and now >= head.deadline_ms:
@@ -464,7 +478,11 @@ class Producer:
             return
         self._fail(batches, error_for(code, f"{code.name}: {message}" if message else code.name))
 
-    def _fail(self, batches: Sequence[ProducerBatch], exc: BaseException) -> None:
+    def _fail(self, batches: Sequence[ProducerBatch], exc: BaseException, *, definite: bool = True) -> None:
+        """Fail ``batches`` with ``exc``; it is marked a definite failure when no attempt of any of them
+        may have been written (``client.errors.is_definite_failure``)."""
+        exc.definite_failure = definite and not any(  # type: ignore[attr-defined]
+            b.maybe_written or b.in_flight for b in batches)
         for b in batches:
             if b.completion is not None and not b.completion.done():
                 b.completion.set_exception(exc)
@@ -472,6 +490,12 @@ class Producer:
                 b.completion.exception()
                 self._acc.release([b])
         self._space.set()
+
+
+def _mark_answered(drained: dict[TopicPartition, list[ProducerBatch]]) -> None:
+    for batches in drained.values():
+        for b in batches:
+            b.in_flight = False
 
 
 __all__ = ["DeliveryFuture", "Producer", "ProducerConfig", "RecordMetadata", "RpcConnectionError", "parse_acks"]

@@ -288,3 +288,21 @@ async def test_send_gives_up_after_max_block_ms_when_the_buffer_stays_full(fake:
     finally:
         fake.errors[tp].clear()
         await producer.close()
+
+
+async def test_a_failure_is_definite_only_when_no_attempt_can_have_been_written(fake: FakeCluster) -> None:
+    from client.errors import is_definite_failure
+
+    refused = TopicPartition(TOPIC, 0)  # refused before any append, on every attempt
+    fake.errors[refused].extend([ErrorCode.NOT_ENOUGH_REPLICAS] * 1000)
+    ambiguous = TopicPartition(TOPIC, 1)  # one timeout (maybe written), then refusals
+    fake.errors[ambiguous].extend([ErrorCode.REQUEST_TIMED_OUT] + [ErrorCode.NOT_ENOUGH_REPLICAS] * 1000)
+    fake.errors[TopicPartition(TOPIC, 2)].append(ErrorCode.MESSAGE_TOO_LARGE)
+    async with Producer(fake.bootstrap, fast(delivery_timeout_ms=300)) as producer:
+        futs = [await producer.send(TOPIC, b"x", partition=p) for p in (0, 1, 2)]
+        outcomes = []
+        for fut in futs:
+            with pytest.raises(MinibrokerError) as info:
+                await fut
+            outcomes.append(is_definite_failure(info.value))
+    assert outcomes == [True, False, True]
