@@ -8,7 +8,7 @@ the records as ONE msgpack array::
     8       4     batch_length             int32   bytes AFTER this field (size - 12)
     12      4     partition_leader_epoch   int32   stamped by the leader
     16      1     magic                    int8    always 2
-    17      4     crc                      uint32  CRC-32 of bytes [21, end)
+    17      4     crc                      uint32  CRC-32C of bytes [21, end)
     21      2     attributes               int16   compression bits; always 0 (none)
     23      4     last_offset_delta        int32   record_count - 1
     27      8     first_timestamp          int64   timestamp of the first record (ms)
@@ -24,9 +24,9 @@ the records as ONE msgpack array::
 The CRC covers attributes..end, so the leader stamps ``base_offset`` and
 ``partition_leader_epoch`` in place without recomputing it (``stamp``).
 
-We use ``zlib.crc32`` (CRC-32/IEEE) where Kafka uses CRC-32C: the standard
-library has no CRC-32C and a C-speed checksum matters more here than byte
-compatibility with Kafka, which we do not claim.
+The checksum is CRC-32C (Castagnoli), as in Kafka, computed by the ``crc32c``
+package with the CPU's CRC32 instruction where there is one (about 5 us for a
+108 KiB batch, against 25 us for ``zlib.crc32``'s CRC-32/IEEE).
 
 Validation (``validate_batch``) raises one distinct error per failure; each
 carries the wire code the broker answers with: size -> MESSAGE_TOO_LARGE;
@@ -38,12 +38,12 @@ from __future__ import annotations
 
 import mmap
 import struct
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+from crc32c import crc32c
 
 from common.errors import ErrorCode
 
@@ -160,7 +160,7 @@ def build_batch(records: Sequence[RecordInput], *, base_offset: int = 0, timesta
     count = len(records)
     tail = struct.pack(">hiqqqhii", 0, count - 1, first_ts, max(timestamps), producer_id, producer_epoch,
                        base_sequence, count) + body
-    crc = zlib.crc32(tail)
+    crc = crc32c(tail)
     head = struct.pack(">qiibI", base_offset, len(tail) + 9, partition_leader_epoch, MAGIC, crc)
     return head + tail
 
@@ -192,7 +192,7 @@ def iter_batches(buf: Buffer) -> Iterator[tuple[int, BatchHeader]]:
 def compute_crc(buf: Buffer, pos: int, size: int) -> int:
     """CRC of the batch at ``pos`` of ``size`` bytes, as stored in its header."""
     with memoryview(buf) as view:
-        return zlib.crc32(view[pos + ATTRIBUTES_OFFSET:pos + size])
+        return crc32c(view[pos + ATTRIBUTES_OFFSET:pos + size])
 
 
 def check_frame(buf: Buffer, pos: int = 0, *, max_size: int | None = None) -> BatchHeader:

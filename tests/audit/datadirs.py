@@ -9,12 +9,12 @@ broker's offset checkpoints (``storage.checkpoint``).
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import msgpack
+from crc32c import crc32c
 
 from audit.history import HistoryWriter, Outcome, PollEvent, SendEvent
 from common.wire import TopicPartition
@@ -91,7 +91,7 @@ def undecodable_batch(base_offset: int, epoch: int) -> bytes:
     header = parse_header(good)
     body = msgpack.packb({"not": "records"})
     tail = good[ATTRIBUTES_OFFSET:HEADER_SIZE] + body
-    return struct.pack(">qiibI", header.base_offset, len(tail) + 9, epoch, 2, zlib.crc32(tail)) + tail
+    return struct.pack(">qiibI", header.base_offset, len(tail) + 9, epoch, 2, crc32c(tail)) + tail
 
 
 SEGMENTS = [[Batch(0, ["v0", "v1"]), Batch(0, ["v2"])], [Batch(1, ["v3", "v4"]), Batch(1, ["v5"])]]
