@@ -150,6 +150,15 @@ def _cpu_seconds(pid: int) -> float:
         return float("nan")
 
 
+def _log_settings(retained_mb: int) -> list[str]:
+    """Broker ``--set`` flags: a bounded log (64 MiB segments, retention checked every second), or one
+    1 GiB segment (Kafka's default size) when ``retained_mb`` is 0."""
+    if retained_mb <= 0:
+        return ["--set", "log.segment.bytes=1073741824"]
+    return ["--set", f"log.segment.bytes={64 << 20}", "--set", f"log.retention.bytes={retained_mb << 20}",
+            "--set", "log.retention.check.interval.ms=1000"]
+
+
 def _produce_body(records: int, record_size: int) -> bytes:
     from storage.record_batch import build_batch
 
@@ -164,7 +173,7 @@ async def _perf(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     stub, controller = await _stub_controller()
     broker, broker_addr = _spawn(["-m", "cli.main", "broker", "--node-id", "1", "--listen", "127.0.0.1:0",
                                   "--controller", controller, "--data-dir", str(work / "broker"),
-                                  "--set", "log.segment.bytes=268435456"], work / "broker")
+                                  *_log_settings(args.retained_mb)], work / "broker")
     bare, bare_addr = _spawn(["-m", "broker.bench", "bare", str(work / "bare")], work / "bare")
     rows = []
     try:
@@ -194,8 +203,9 @@ def run_perf(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         work = args.data_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mb-perf-")))
         rows = asyncio.run(_perf(args, Path(work)))
+    log = f"log bounded at {args.retained_mb} MiB" if args.retained_mb > 0 else "unbounded log"
     print(f"produce: 1 partition, acks=1, {args.requests} requests of {args.records} x {args.record_size} B "
-          f"records, {args.concurrency} in flight, cpus={os.cpu_count()}")
+          f"records, {args.concurrency} in flight, {log}, cpus={os.cpu_count()}")
     print(f"{'round':<7}{'target':<14}{'req/s':>10}{'records/s':>14}{'MB/s':>10}{'server CPU us/req':>19}"
           f"{'errors':>8}")
     for r in rows:
