@@ -25,7 +25,7 @@ from broker.controller_link import ControllerLink
 from broker.metadata_cache import MetadataCache
 from broker.metrics import BrokerMetrics
 from broker.replica_manager import ReplicaManager
-from broker.server import build_app
+from broker.server import build_server
 from common.clock import Clock, SystemClock
 from common.config import Config
 from common.logging import get_logger
@@ -93,7 +93,7 @@ class BrokerProcess:
         self.clock = clock or SystemClock()
         self.rm: ReplicaManager | None = None
         self.link: ControllerLink | None = None
-        self._runner: web.AppRunner | None = None
+        self._runner: web.ServerRunner | None = None
         self.address = ""
 
     async def start(self) -> None:
@@ -114,7 +114,7 @@ class BrokerProcess:
         log_manager.high_watermarks = rm.high_watermarks
         log_manager.start()
         self.rm = rm
-        self._runner = web.AppRunner(build_app(rm), handle_signals=False, access_log=None, shutdown_timeout=5.0)
+        self._runner = web.ServerRunner(build_server(rm, access_log=None), handle_signals=False, shutdown_timeout=5.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, o.listen_host, o.listen_port, backlog=1024)
         await site.start()

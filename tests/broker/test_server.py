@@ -1,0 +1,40 @@
+"""The broker's HTTP surface (aiohttp's low-level server with a route table): paths, methods, sizes."""
+
+from __future__ import annotations
+
+import io
+
+import aiohttp
+
+from broker.server import MAX_BODY_BYTES
+from common.wire import CONTENT_TYPE, decode, encode
+from tests.broker.conftest import StartBroker
+
+
+async def test_routes_methods_and_body_limit(start_broker: StartBroker) -> None:
+    broker = await start_broker()
+    base = f"http://{broker.address}"
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{base}/v1/status") as resp:
+            assert resp.status == 200
+            assert "partitions" in await resp.json()
+        async with s.get(f"{base}/metrics") as resp:
+            assert resp.status == 200
+            assert "under_replicated" in await resp.text()
+        async with s.post(f"{base}/v1/metadata", data=encode({"topics": None}),
+                          headers={"Content-Type": CONTENT_TYPE}) as resp:
+            assert resp.status == 200
+            assert "brokers" in decode(await resp.read())
+        async with s.get(f"{base}/v1/produce") as resp:  # known path, wrong method
+            assert resp.status == 405
+            assert resp.headers["Allow"] == "POST"
+        async with s.post(f"{base}/v1/no_such_api", data=b"") as resp:
+            assert resp.status == 404
+            assert "no_such_api" in await resp.text()
+        big = encode({"topics": None, "padding": b"x" * (4 << 20)})  # over aiohttp's 1 MiB default
+        async with s.post(f"{base}/v1/metadata", data=io.BytesIO(big), headers={"Content-Type": CONTENT_TYPE}) as resp:
+            assert resp.status in (200, 400)  # read in full and judged by the broker, not refused as too large
+        async with s.post(f"{base}/v1/produce", data=io.BytesIO(b"\0" * (MAX_BODY_BYTES + 1))) as resp:
+            assert resp.status == 413
+        async with s.get(f"{base}/v1/status") as resp:  # still serving
+            assert resp.status == 200
