@@ -6,7 +6,7 @@ same produce bodies (one batch of ``--records`` x ``--record-size`` bytes,
 acks=1, one partition) to each in the same run. The bare server reads the body
 and answers a tiny msgpack map. Figures are printed, never asserted.
 
-``python -m broker.bench bare DIR`` runs the bare server (writes DIR/endpoint).
+``python -m broker.bench bare DIR app|lowlevel`` runs the bare server (writes DIR/endpoint).
 """
 
 from __future__ import annotations
@@ -32,17 +32,28 @@ REPO = Path(__file__).resolve().parent.parent
 TOPIC = "bench"
 
 
-async def _bare_server(data_dir: Path) -> None:
+async def _bare_server(data_dir: Path, kind: str) -> None:
+    """``kind`` "app": a ``web.Application`` with one route, the usual bare aiohttp server; "lowlevel":
+    aiohttp's low-level ``web.Server``, which is what the broker uses (``broker.server``)."""
     answer = encode({"topics": [{"topic": TOPIC, "partitions": [{"partition": 0, "error": 0, "base_offset": 0,
                                                                   "log_start_offset": 0}]}]})
 
-    async def handle(request: web.Request) -> web.Response:
+    async def handle(request: web.BaseRequest) -> web.Response:
         await request.read()
         return web.Response(body=answer, content_type=CONTENT_TYPE)
 
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.router.add_post("/v1/produce", handle)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner: web.BaseRunner
+    if kind == "app":
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/produce", handle)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    else:
+        loop = asyncio.get_running_loop()
+
+        def make_request(message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> web.BaseRequest:
+            return web.BaseRequest(message, payload, protocol, writer, task, loop, client_max_size=64 << 20)
+
+        runner = web.ServerRunner(web.Server(handle, request_factory=make_request, access_log=None))
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     (data_dir / "endpoint").write_text(f"127.0.0.1:{runner.addresses[0][1]}\n")
@@ -174,7 +185,7 @@ async def _perf(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     broker, broker_addr = _spawn(["-m", "cli.main", "broker", "--node-id", "1", "--listen", "127.0.0.1:0",
                                   "--controller", controller, "--data-dir", str(work / "broker"),
                                   *_log_settings(args.retained_mb)], work / "broker")
-    bare, bare_addr = _spawn(["-m", "broker.bench", "bare", str(work / "bare")], work / "bare")
+    bare, bare_addr = _spawn(["-m", "broker.bench", "bare", str(work / "bare"), args.bare], work / "bare")
     rows = []
     try:
         async with aiohttp.ClientSession() as s:
@@ -205,7 +216,7 @@ def run_perf(args: argparse.Namespace) -> int:
         rows = asyncio.run(_perf(args, Path(work)))
     log = f"log bounded at {args.retained_mb} MiB" if args.retained_mb > 0 else "unbounded log"
     print(f"produce: 1 partition, acks=1, {args.requests} requests of {args.records} x {args.record_size} B "
-          f"records, {args.concurrency} in flight, {log}, cpus={os.cpu_count()}")
+          f"records, {args.concurrency} in flight, {log}, bare server: {args.bare}, cpus={os.cpu_count()}")
     print(f"{'round':<7}{'target':<14}{'req/s':>10}{'records/s':>14}{'MB/s':>10}{'server CPU us/req':>19}"
           f"{'errors':>8}")
     for r in rows:
@@ -221,8 +232,8 @@ def run_perf(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "bare":
-        asyncio.run(_bare_server(Path(sys.argv[2])))
+    if len(sys.argv) == 4 and sys.argv[1] == "bare" and sys.argv[3] in ("app", "lowlevel"):
+        asyncio.run(_bare_server(Path(sys.argv[2]), sys.argv[3]))
     else:
-        print("usage: python -m broker.bench bare DIR", file=sys.stderr)
+        print("usage: python -m broker.bench bare DIR app|lowlevel", file=sys.stderr)
         sys.exit(2)

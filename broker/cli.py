@@ -29,6 +29,9 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     b.add_argument("--concurrency", type=int, default=4, help="requests in flight")
     b.add_argument("--rounds", type=int, default=3, help="alternating rounds (bare, broker) to print")
     b.add_argument("--data-dir", type=Path, default=None, help="broker data dir (default: a temp dir)")
+    b.add_argument("--bare", choices=("app", "lowlevel"), default="app",
+                   help="the bare server: a web.Application with one route (default), or aiohttp's low-level "
+                        "web.Server, which the broker itself uses")
     b.add_argument("--retained-mb", type=int, default=256,
                    help="log.retention.bytes in MiB for the broker's partition, checked every second, with "
                         "64 MiB segments: the log stays bounded as a broker's does at steady state "

@@ -1,0 +1,23 @@
+"""``minibroker perf broker`` runs end to end (tiny sizes); figures are printed, never asserted."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("bare, retained", [("app", "256"), ("lowlevel", "0")])
+def test_perf_broker_runs(tmp_path: Path, bare: str, retained: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "cli.main", "perf", "broker", "--requests", "30", "--records", "10",
+                          "--rounds", "1", "--bare", bare, "--retained-mb", retained, "--data-dir", str(tmp_path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.splitlines() if line.startswith("1 ")]
+    assert [r[-1] for r in rows] == ["0", "0"]  # no errors from either target
+    assert f"bare server: {bare}" in out.stdout
+    assert "broker / bare request rate per round" in out.stdout
