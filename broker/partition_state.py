@@ -121,8 +121,8 @@ def update_follower(state: PartitionState, *, broker_id: int, fetch_offset: int,
         caught_up = max(caught_up, now_ms)
     elif fetch_offset >= old.last_fetch_leader_leo and old.last_fetch_ms >= 0:
         caught_up = max(caught_up, old.last_fetch_ms)
-    new = replace(old, log_end_offset=fetch_offset, log_start_offset=log_start_offset, last_fetch_ms=now_ms,
-                  last_fetch_leader_leo=leader_end_offset, last_caught_up_ms=caught_up, broker_epoch=broker_epoch)
+    # A positional constructor, not dataclasses.replace: this runs on every follower fetch.
+    new = ReplicaState(broker_id, fetch_offset, log_start_offset, now_ms, leader_end_offset, caught_up, broker_epoch)
     followers = tuple(new if r.broker_id == broker_id else r for r in state.followers)
     return replace(state, followers=followers)
 
@@ -132,10 +132,12 @@ def compute_high_watermark(state: PartitionState, leader_end_offset: int) -> int
     if not state.followers or (state.pending is None and len(state.isr) == 1):
         return max(state.high_watermark, leader_end_offset)  # the leader alone is the ISR
     candidate = leader_end_offset
-    members = state.maximal_isr
+    isr, pending = state.isr, state.pending
     for r in state.followers:
-        if r.broker_id in members:
-            candidate = min(candidate, max(r.log_end_offset, 0))
+        if r.broker_id in isr or (pending is not None and r.broker_id in pending.new_isr):
+            leo = r.log_end_offset if r.log_end_offset > 0 else 0
+            if leo < candidate:
+                candidate = leo
     return max(state.high_watermark, candidate)
 
 

@@ -13,6 +13,7 @@ deadline (``next_deadline_ms``) instead of polling.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Hashable, Iterable
 from typing import Generic, TypeVar
 
@@ -29,6 +30,7 @@ class DelayedOperation(Generic[R]):
         self._on_done = on_done
         self.completed = False
         self.result: R | None = None
+        self.keys: tuple[Hashable, ...] = ()  # set when watched
 
     def check(self) -> R | None:
         """The result if the operation can complete now, else None."""
@@ -75,8 +77,14 @@ class Purgatory:
             return True
         any_op: DelayedOperation[object] = op  # type: ignore[assignment]
         self._ops.add(any_op)
-        for key in keys:
-            self._watchers.setdefault(key, []).append(any_op)
+        op.keys = tuple(keys)
+        watchers = self._watchers
+        for key in op.keys:
+            ops = watchers.get(key)
+            if ops is None:
+                watchers[key] = [any_op]
+            else:
+                ops.append(any_op)
         return False
 
     def check_and_complete(self, key: Hashable) -> int:
@@ -88,8 +96,35 @@ class Purgatory:
         for op in list(ops):
             if op.try_complete():
                 done += 1
-        self._prune(key)
+        live = [op for op in ops if not op.completed]
+        if len(live) != len(ops):
+            for op in ops:
+                if op.completed:
+                    self._ops.discard(op)
+            if live:
+                self._watchers[key] = live
+            else:
+                del self._watchers[key]
         return done
+
+    def expire(self, op: DelayedOperation[R]) -> bool:
+        """Complete ``op`` with its expired result (its deadline passed, or its requester went away) and stop
+        watching it; True if this call completed it. The shell calls this from the op's own timer."""
+        done = op.force_complete(op.expired_result())
+        self._forget(op)
+        return done
+
+    def _forget(self, op: DelayedOperation[R]) -> None:
+        any_op: DelayedOperation[object] = op  # type: ignore[assignment]
+        self._ops.discard(any_op)
+        for key in op.keys:
+            ops = self._watchers.get(key)
+            if ops is None:
+                continue
+            with contextlib.suppress(ValueError):
+                ops.remove(any_op)
+            if not ops:
+                del self._watchers[key]
 
     def expire_due(self) -> int:
         """Complete every operation whose deadline has passed with its expired result."""

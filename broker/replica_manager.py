@@ -542,15 +542,19 @@ class ReplicaManager:
 
     async def _await_op(self, op: DelayedOperation[Any], fut: asyncio.Future[Any], timeout_ms: int,
                         purgatory: Purgatory) -> None:
+        """Wait for ``op`` (watched in ``purgatory``) to complete; expire it after ``timeout_ms``.
+
+        One timer handle per operation, cancelled when it completes: cheaper than ``wait_for(shield(...))``
+        (a timer, a waiter future, a shield future and their callbacks per delayed produce and fetch).
+        """
+        timer = asyncio.get_running_loop().call_later(timeout_ms / 1000, purgatory.expire, op)
         try:
-            await asyncio.wait_for(asyncio.shield(fut), timeout_ms / 1000)
-        except TimeoutError:
-            op.force_complete(op.expired_result())
-            purgatory.purge()
+            await fut
         except asyncio.CancelledError:
-            op.force_complete(op.expired_result())  # the client went away
-            purgatory.purge()
+            purgatory.expire(op)  # the client went away
             raise
+        finally:
+            timer.cancel()
 
     # ---- fetch ---------------------------------------------------------------------------------------
     async def fetch(self, req: FetchRequest) -> dict[str, Any]:
@@ -571,10 +575,12 @@ class ReplicaManager:
 
     def _stale_follower_epoch(self, req: FetchRequest) -> bool:
         """A fetch from an older incarnation of a follower than one already seen."""
+        if req.broker_epoch < 0:
+            return False
         for tp in req.partitions:
             p = self.partitions.get(tp)
             r = p.state.follower(req.replica_id) if p is not None else None
-            if r is not None and req.broker_epoch >= 0 and r.broker_epoch > req.broker_epoch:
+            if r is not None and r.broker_epoch > req.broker_epoch:
                 return True
         return False
 
@@ -584,11 +590,13 @@ class ReplicaManager:
         total = 0
         errored = False
         for tp, fp in req.partitions.items():
-            budget = max(0, req.max_bytes - total)
-            res = self._read_partition(req, tp, fp, budget, min_one=(total == 0), update_follower=first)
+            budget = req.max_bytes - total
+            res = self._read_partition(req, tp, fp, budget if budget > 0 else 0, min_one=(total == 0),
+                                       update_follower=first)
             results[tp] = res
             total += len(res["records"])
-            errored = errored or res["error"] != 0
+            if res["error"]:
+                errored = True
         return results, total, errored
 
     def _read_partition(self, req: FetchRequest, tp: TopicPartition, fp: FetchPartitionRequest, budget: int,
@@ -599,28 +607,30 @@ class ReplicaManager:
         code = self._check_fetch_partition(req, p, fp)
         if code is not ErrorCode.NONE:
             return _fetch_error(tp, code, p)
+        the_log = p.log
         diverging = self._diverging_epoch(p, fp)
         if diverging is not None:
             out = _fetch_error(tp, ErrorCode.NONE, p)
             out["diverging_epoch"] = diverging
             return out
-        leo = p.log_end_offset
-        if fp.fetch_offset > leo or fp.fetch_offset < p.log_start_offset:
+        leo = the_log.log_end_offset
+        offset = fp.fetch_offset
+        if offset > leo or offset < the_log.log_start_offset:
             return _fetch_error(tp, ErrorCode.OFFSET_OUT_OF_RANGE, p)
         max_offset = None if req.is_follower else p.state.high_watermark
-        records = b""
-        limit = min(budget, fp.partition_max_bytes)
-        if (max_offset is None or fp.fetch_offset < max_offset) and fp.fetch_offset < leo and (limit > 0 or min_one):
+        records: bytes = b""
+        limit = budget if budget < fp.partition_max_bytes else fp.partition_max_bytes
+        if (max_offset is None or offset < max_offset) and offset < leo and (limit > 0 or min_one):
             try:
-                data = p.log.read(fp.fetch_offset, limit, max_offset, min_one)
-                records = bytes(data.records)
+                # The segment's own buffer (bytes from pread): no copy before the response encoder.
+                records = the_log.read(offset, limit, max_offset, min_one).records
             except MinibrokerError as exc:  # OffsetOutOfRangeError, StorageError
                 return _fetch_error(tp, exc.code, p)
-        if req.is_follower and update_follower:
+        if update_follower and req.is_follower:
             self._update_follower(p, req, fp)
-        out = _fetch_error(tp, ErrorCode.NONE, p)
-        out["records"] = records
-        return out
+        return {"partition": tp.partition, "error": 0, "high_watermark": p.state.high_watermark,
+                "log_start_offset": the_log.log_start_offset, "log_end_offset": the_log.log_end_offset,
+                "diverging_epoch": None, "records": records}
 
     def _check_fetch_partition(self, req: FetchRequest, p: Partition, fp: FetchPartitionRequest) -> ErrorCode:
         # Kafka checks the leader epoch before leadership (localLogOrException): a fetcher ahead of us
@@ -651,7 +661,10 @@ class ReplicaManager:
         p.state = ps.update_follower(p.state, broker_id=req.replica_id, fetch_offset=fp.fetch_offset,
                                      log_start_offset=fp.log_start_offset, now_ms=self.clock.monotonic_ms(),
                                      leader_end_offset=p.log_end_offset, broker_epoch=req.broker_epoch)
-        self._maybe_request_isr_change(p)
+        # Kafka's fetch path only tries to expand the ISR with the fetching follower (maybeExpandIsr); shrinks
+        # are periodic (maybe_shrink_isr). A follower already in the ISR cannot be added, so skip the check.
+        if req.replica_id not in p.state.isr:
+            self._maybe_request_isr_change(p)
         self._maybe_advance_hw(p)
 
     def _fetch_ready(self, req: FetchRequest) -> bool:

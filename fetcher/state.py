@@ -64,9 +64,8 @@ class PartitionFetchState:
         return replace(self, parked_until_ms=until_ms)
 
     def fetched(self, fetch_offset: int, last_fetched_epoch: int | None, lag: int) -> PartitionFetchState:
-        """After a successful append (or an empty answer)."""
-        return replace(self, fetch_offset=fetch_offset, last_fetched_epoch=last_fetched_epoch,
-                       lag=lag, parked_until_ms=None)
+        """After a successful append (or an empty answer). Positional: this runs once per fetched partition."""
+        return PartitionFetchState(fetch_offset, self.current_leader_epoch, self.status, last_fetched_epoch, lag, None)
 
     def truncated(self, fetch_offset: int, last_fetched_epoch: int | None, completed: bool) -> PartitionFetchState:
         status = FetchStatus.FETCHING if completed else FetchStatus.TRUNCATING

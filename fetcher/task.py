@@ -61,12 +61,6 @@ from storage.record_batch import InvalidBatchError, check_frame
 log = get_logger("fetcher")
 
 
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    """Consume the outcome of an abandoned request so it is never reported as unretrieved."""
-    if not task.cancelled():
-        task.exception()
-
-
 def _drop_epochs_without_data(local: Any) -> None:
     """Kafka's ``truncateTo`` at or past the LEO still trims the epoch cache from the LEO.
 
@@ -139,7 +133,8 @@ class FetcherTask:
         self._added_ms: dict[TopicPartition, int] = {}  # until the first append after (re)adding
         self._backoff_until_ms = 0
         self._wakeup = asyncio.Event()
-        self._added = asyncio.Event()  # a partition was (re)added: interrupts a long-polling fetch
+        self._inflight: asyncio.Future[FetchResponse] | None = None  # the fetch being awaited
+        self._interrupted = False  # add_partitions cancelled it
         self._task: asyncio.Task[None] | None = None
         self.stats = FetcherStats()
         self._metrics = TaskMetrics(partitions.broker_id, leader.broker.broker_id, fetcher_id, registry)
@@ -157,8 +152,15 @@ class FetcherTask:
             self._added_ms[tp] = self._clock.monotonic_ms()
             self._log.info("fetcher_partition_added", topic=tp.topic, partition=tp.partition,
                            leader_epoch=initial.leader_epoch, offset=initial.fetch_offset)
-            self._added.set()
+            self._interrupt_fetch()
         self._wakeup.set()
+
+    def _interrupt_fetch(self) -> None:
+        """A partition was (re)added: abandon a long-polling fetch so the next step includes it."""
+        fetch = self._inflight
+        if fetch is not None and not fetch.done():
+            self._interrupted = True
+            fetch.cancel()
 
     def _initial_state(self, tp: TopicPartition, initial: InitialFetchState) -> PartitionFetchState:
         state = PartitionFetchState.initial(initial.fetch_offset, initial.leader_epoch, None)
@@ -348,21 +350,22 @@ class FetcherTask:
         Kafka lets a new partition wait for the fetch in flight (up to replica.fetch.wait.max.ms);
         we abandon that fetch instead: its answer was not applied, so nothing is lost, and the new
         partition (a broker that just became follower) starts replicating one round trip later.
+        ``add_partitions`` cancels the fetch's task; a cancellation of this task itself (``stop``) is
+        told apart by ``cancelling()`` and never swallowed.
         """
-        self._added.clear()
         fetch = asyncio.ensure_future(self.leader.fetch(request))
-        added = asyncio.ensure_future(self._added.wait())
+        self._inflight = fetch
         try:
-            await asyncio.wait({fetch, added}, return_when=asyncio.FIRST_COMPLETED)
+            return await fetch
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if self._interrupted and fetch.cancelled() and (me is None or me.cancelling() == 0):
+                self.stats.fetches_interrupted += 1
+                return None
+            raise
         finally:
-            added.cancel()
-            if not fetch.done():
-                fetch.cancel()  # not awaited: a stop() cancelling us must not be swallowed
-                fetch.add_done_callback(_retrieve)
-        if not fetch.done() or fetch.cancelled():
-            self.stats.fetches_interrupted += 1
-            return None
-        return fetch.result()
+            self._inflight = None
+            self._interrupted = False
 
     def _build_fetch(self) -> tuple[FetchRequest | None, dict[TopicPartition, PartitionFetchState]]:
         now = self._clock.monotonic_ms()

@@ -93,3 +93,31 @@ def test_delayed_produce_expiry_keeps_known_answers() -> None:
     assert not op.try_complete()
     op.force_complete(op.expired_result())
     assert results == [{TP: ErrorCode.NONE, TP2: ErrorCode.REQUEST_TIMED_OUT}]
+
+
+def test_expire_completes_once_and_stops_watching_every_key() -> None:
+    """The shell's per-operation timer (or a requester that went away) expires one operation."""
+    p = Purgatory("t", ManualClock())
+    box = {"n": 0}
+    done: list[str] = []
+    op = Counter(100, box, done)
+    other = Counter(100, box, done)
+    assert not p.try_complete_else_watch(op, ["a", "b"])
+    assert not p.try_complete_else_watch(other, ["b"])
+    assert p.expire(op) and len(p) == 1
+    assert not p.expire(op)  # already complete: nothing more
+    box["n"] = 3
+    assert p.check_and_complete("a") == 0  # no longer watched there
+    assert p.check_and_complete("b") == 1  # only the other one
+    assert done == ["expired", "ready"] and len(p) == 0
+
+
+def test_completed_by_one_key_leaves_the_count_at_once() -> None:
+    p = Purgatory("t", ManualClock())
+    box = {"n": 0}
+    done: list[str] = []
+    for _ in range(3):
+        p.try_complete_else_watch(Counter(100, box, done), ["a", "b"])
+    box["n"] = 3
+    assert p.check_and_complete("a") == 3 and len(p) == 0
+    assert p.check_and_complete("b") == 0 and done == ["ready"] * 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from broker.requests import parse_fetch
 from common.errors import ErrorCode
 from common.http import RpcClient
 from storage.record_batch import iter_batches
@@ -107,6 +108,34 @@ async def test_long_poll_woken_by_append_and_hw(start_broker: StartBroker, contr
     await follower_fetch(rpc, b.address, 2)  # HW moves to 2 -> the consumer is woken
     c = part(await asyncio.wait_for(consumer, 30))
     assert c["high_watermark"] == 2 and c["records"]
+
+
+async def test_waiting_requests_expire_on_their_own_timer(start_broker: StartBroker, controller: FakeController,
+                                                           rpc: RpcClient) -> None:
+    """A long poll with nothing to read answers empty after max_wait_ms, an acks=all produce nobody
+    replicates times out, and neither stays in its purgatory."""
+    b = await start_broker(sets={"min.insync.replicas": 2})
+    await controller.elect(TP, leader=1, replicas=[1, FOLLOWER])
+    assert b.rm is not None
+    f = part(await rpc.call(b.address, "fetch", fetch_body(0, max_wait_ms=150)))
+    assert (f["error"], f["records"]) == (0, b"")
+    r = part(await rpc.call(b.address, "produce", produce_body(batch(), acks=-1, timeout_ms=150)))
+    assert r["error"] == ErrorCode.REQUEST_TIMED_OUT
+    assert len(b.rm.fetch_purgatory) == 0 and len(b.rm.produce_purgatory) == 0
+
+
+async def test_a_waiting_fetch_whose_requester_went_away_leaves_the_purgatory(
+        start_broker: StartBroker, controller: FakeController, rpc: RpcClient) -> None:
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1, FOLLOWER])
+    rm = b.rm
+    assert rm is not None
+    waiting = asyncio.create_task(rm.fetch(parse_fetch(fetch_body(0, max_wait_ms=120_000))))
+    await wait_until(lambda: len(rm.fetch_purgatory) == 1)
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert len(rm.fetch_purgatory) == 0
+    assert part(await rpc.call(b.address, "produce", produce_body(batch(2))))["error"] == 0  # wakes nobody
 
 
 async def test_isr_expand_and_shrink_through_alter_partition(start_broker: StartBroker,

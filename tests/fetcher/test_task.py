@@ -358,14 +358,20 @@ async def test_follows_leader_log_start_offset(setup: Setup) -> None:
     assert f.log_start_offset == 6
 
 
-async def test_adding_a_partition_interrupts_a_long_polling_fetch(setup: Setup) -> None:
-    """A broker that just became follower does not wait for the fetch in flight (replica.fetch.wait.max.ms)."""
+async def a_replicated_b_idle(setup: Setup) -> tuple[TopicPartition, TopicPartition, Log, Log, Log, Log]:
+    """Partition a replicated and caught up; b's logs exist, nobody leads or follows it yet."""
     a, b = TopicPartition("t", 0), TopicPartition("t", 1)
     la, lb, fa, fb = setup.log("la", a), setup.log("lb", b), setup.log("fa", a), setup.log("fb", b)
     write(la, 0, 1, setup.clock)
     setup.leader.lead(a, la, 0)
     setup.start(a, fa, 0)
     await setup.converge()
+    return a, b, la, lb, fa, fb
+
+
+async def test_adding_a_partition_interrupts_a_long_polling_fetch(setup: Setup) -> None:
+    """A broker that just became follower does not wait for the fetch in flight (replica.fetch.wait.max.ms)."""
+    a, b, _la, lb, _fa, fb = await a_replicated_b_idle(setup)
     write(lb, 0, 2, setup.clock)
     setup.leader.lead(b, lb, 0)
 
@@ -384,6 +390,47 @@ async def test_adding_a_partition_interrupts_a_long_polling_fetch(setup: Setup) 
     await setup.task.do_work()  # truncation round for b, then one fetch for both
     assert_identical(fb, lb)
     assert set(setup.leader.fetches[-1].partitions) == {a, b}
+
+
+async def test_stop_during_a_long_polling_fetch_ends_the_task(setup: Setup) -> None:
+    """The fetch in flight is the task's own await: stopping cancels it and is never taken for an interruption."""
+    a = TopicPartition("t", 0)
+    la, fa = setup.log("la", a), setup.log("fa", a)
+    write(la, 0, 1, setup.clock)
+    setup.leader.lead(a, la, 0)
+    setup.start(a, fa, 0)
+    await setup.converge()
+    polling = asyncio.Event()
+
+    async def long_poll(api: str) -> None:
+        if api == "fetch":
+            polling.set()
+            await asyncio.sleep(3600)
+
+    setup.leader.hook = long_poll
+    setup.task.start()
+    await asyncio.wait_for(polling.wait(), 10)
+    await asyncio.wait_for(setup.task.stop(), 10)
+    assert not setup.task.running and setup.task.stats.fetches_interrupted == 0
+
+
+async def test_a_partition_added_after_the_answer_arrived_keeps_the_answer(setup: Setup) -> None:
+    """Only a fetch still in flight is abandoned; an answer that is already there is applied (the new
+    partition is not in it, and its own state decides what the next step does)."""
+    _a, b, la, lb, fa, fb = await a_replicated_b_idle(setup)
+    write(la, 1, 2, setup.clock)
+    setup.leader.lead(b, lb, 0)
+
+    async def add_once_answered(api: str) -> None:
+        if api == "fetch":  # the fake answers right after this hook: the add runs once the answer is there
+            setup.leader.hook = None
+            asyncio.get_running_loop().call_soon(setup.start, b, fb, 0)
+
+    setup.leader.hook = add_once_answered
+    result = await asyncio.wait_for(setup.task.do_work(), 10)
+    assert result.fetch_requests == 1 and setup.task.stats.fetches_interrupted == 0
+    assert b in setup.task.partitions()
+    assert fa.log_end_offset == la.log_end_offset
 
 
 class CorruptingLeader(FakeLeader):
