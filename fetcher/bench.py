@@ -6,9 +6,23 @@ the controller (LeaderAndIsr by hand, AlterPartition accepted as asked):
 1. baseline: 1 broker, RF=1, acks=1;
 2. replicated: 3 brokers, RF=3, acks=all, min.insync.replicas=2;
 
-both with batches of 1000 x 100-byte records, the same partitions and the same
-number of requests in flight, in alternating rounds (so background load hits
-both). The replication ratio is (2) / (1) in records/s (Kafka's published ratio for synchronous 3x replication is 0.51).
+both with batches of 1000 x 100-byte records, the same partitions, in
+alternating rounds (so background load hits both). The replication ratio is
+(2) / (1) in records/s (Kafka's published ratio for synchronous 3x replication
+is 0.51).
+
+Requests in flight: as a Kafka producer (max.in.flight.requests.per.connection,
+default 5, one connection per broker), ``--in-flight-per-broker`` requests per
+leader broker: 5 to the single broker, 5 to each of the 3 replicated leaders.
+With acks=all a request is answered only after both followers fetched its batch,
+so a producer keeps more bytes in flight to the same throughput; the follower
+fetches then carry several batches each. ``--in-flight N`` instead keeps N in
+flight in all, for both setups (the earlier default: 6).
+
+Logs: bounded as at a broker's steady state (``--retained-mb``, as ``minibroker
+perf broker``: 64 MiB segments, retention checked every second), or one growing
+segment (``--retained-mb 0``). The produce requests are sent with the brokers'
+own client (``common.http.RpcClient``).
 
 3. leader moves while producing: after each LeaderAndIsr that turns the old
    leader into a follower, that broker logs ``follower_first_append`` with the
@@ -36,7 +50,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from broker.bench import stop_process, wait_for_endpoint
+from broker.bench import _log_settings, stop_process, wait_for_endpoint
+from common.http import RpcClient
 from common.wire import CONTENT_TYPE, decode, encode
 
 REPO = Path(__file__).resolve().parent.parent
@@ -110,7 +125,8 @@ class Broker:
         return out
 
 
-def spawn_broker(node_id: int, work: Path, controller: str, sets: dict[str, Any]) -> Broker:
+def spawn_broker(node_id: int, work: Path, controller: str, sets: dict[str, Any],
+                 extra_args: list[str] | None = None) -> Broker:
     data_dir = work / f"broker{node_id}"
     data_dir.mkdir(parents=True)
     stderr = work / f"broker{node_id}.stderr.log"
@@ -118,6 +134,7 @@ def spawn_broker(node_id: int, work: Path, controller: str, sets: dict[str, Any]
             "--controller", controller, "--data-dir", str(data_dir)]
     for k, v in sets.items():
         args += ["--set", f"{k}={v}"]
+    args += extra_args or []
     with open(stderr, "wb") as err:
         proc = subprocess.Popen(args, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -148,19 +165,15 @@ def cpu_seconds(brokers: dict[int, Broker]) -> float:
 
 
 class Bench:
-    def __init__(self, session: aiohttp.ClientSession, controller: StubController,
-                 brokers: dict[int, Broker]) -> None:
-        self.session = session
+    def __init__(self, rpc: RpcClient, controller: StubController, brokers: dict[int, Broker]) -> None:
+        self.rpc = rpc  # the brokers' own client: the benchmark process shares the 2 cores with the brokers
         self.controller = controller
         self.brokers = brokers
         self.leader_epochs: dict[tuple[str, int], int] = {}
         self.leaders: dict[tuple[str, int], int] = {}
 
     async def call(self, node_id: int, api: str, body: dict[str, Any]) -> dict[str, Any]:
-        url = f"http://{self.brokers[node_id].address}/v1/{api}"
-        async with self.session.post(url, data=encode(body), headers={"Content-Type": CONTENT_TYPE}) as resp:
-            result: dict[str, Any] = decode(await resp.read())
-            return result
+        return await self.rpc.call(self.brokers[node_id].address, api, body, timeout_s=60.0)
 
     async def elect(self, topic: str, partition: int, leader: int, replicas: list[int], min_isr: int) -> float:
         """LeaderAndIsr to every replica (the new leader first); returns the send time of the last one."""
@@ -184,16 +197,22 @@ class Bench:
                 raise RuntimeError(f"leader_and_isr to {r}: {answer}")
         return sent
 
-    async def produce(self, topic: str, partitions: int, batches: int, acks: int, in_flight: int) -> float:
-        """Send ``batches`` batches round-robin over partitions; returns elapsed seconds."""
+    async def produce(self, topic: str, partitions: int, batches: int, acks: int, in_flight: int,
+                      per_broker: bool = False) -> float:
+        """Send ``batches`` batches round-robin over partitions; returns elapsed seconds.
+
+        ``per_broker``: ``in_flight`` requests in flight to each leader broker (a Kafka producer's
+        max.in.flight.requests.per.connection, one connection per broker); else ``in_flight`` in all.
+        """
         from storage.record_batch import build_batch
 
         payload = build_batch([(None, b"v" * VALUE_BYTES)] * PER_BATCH, timestamp_ms=int(time.time() * 1000))
-        queue: asyncio.Queue[int] = asyncio.Queue()
+        queues: dict[int, asyncio.Queue[int]] = {}
         for i in range(batches):
-            queue.put_nowait(i % partitions)
+            p = i % partitions
+            queues.setdefault(self.leaders[(topic, p)] if per_broker else 0, asyncio.Queue()).put_nowait(p)
 
-        async def worker() -> None:
+        async def worker(queue: asyncio.Queue[int]) -> None:
             while not queue.empty():
                 p = queue.get_nowait()
                 body = {"acks": acks, "timeout_ms": 30_000,
@@ -207,7 +226,7 @@ class Bench:
                     raise RuntimeError(f"produce to {topic}-{p} kept failing: {answer}")
 
         start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(in_flight)))
+        await asyncio.gather(*(worker(q) for q in queues.values() for _ in range(in_flight)))
         return time.perf_counter() - start
 
 
@@ -218,15 +237,20 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     brokers: dict[int, Broker] = {}
     try:
         for n in (1, 2, 3, 4):
-            brokers[n] = await asyncio.to_thread(spawn_broker, n, work, controller.address, sets)
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
-            bench = Bench(session, controller, brokers)
+            brokers[n] = await asyncio.to_thread(spawn_broker, n, work, controller.address, sets,
+                                                 _log_settings(args.retained_mb))
+        rpc = RpcClient(limit_per_host=64, timeout_s=60.0)
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(rpc.close)
+            session = await stack.enter_async_context(aiohttp.ClientSession())
+            bench = Bench(rpc, controller, brokers)
             for p in range(args.partitions):
                 await bench.elect("single", p, 4, [4], 1)
                 await bench.elect("replicated", p, 1 + p % 3, [1, 2, 3], 2)
             await asyncio.sleep(1.0)  # followers start fetching
-            await bench.produce("single", args.partitions, 10, 1, args.in_flight)  # warm-up
-            await bench.produce("replicated", args.partitions, 10, -1, args.in_flight)
+            flight = (args.in_flight, False) if args.in_flight else (args.in_flight_per_broker, True)
+            await bench.produce("single", args.partitions, 10, 1, *flight)  # warm-up
+            await bench.produce("replicated", args.partitions, 10, -1, *flight)
             # Rounds alternate the two setups so that drifting background load (a shared 2-core
             # machine) weighs on both alike.
             single_s = repl_s = 0.0
@@ -234,9 +258,9 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             per_round = max(1, args.batches // args.rounds)
             for _ in range(args.rounds):
                 before = cpu_seconds(brokers)
-                single_s += await bench.produce("single", args.partitions, per_round, 1, args.in_flight)
+                single_s += await bench.produce("single", args.partitions, per_round, 1, *flight)
                 middle = cpu_seconds(brokers)
-                repl_s += await bench.produce("replicated", args.partitions, per_round, -1, args.in_flight)
+                repl_s += await bench.produce("replicated", args.partitions, per_round, -1, *flight)
                 after = cpu_seconds(brokers)
                 single_cpu += middle - before
                 repl_cpu += after - middle
@@ -244,6 +268,9 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             moves = await leader_moves(bench, args)
         records = max(1, args.batches // args.rounds) * args.rounds * PER_BATCH
         result = {
+            "in_flight": (f"{args.in_flight} in all" if args.in_flight
+                          else f"{args.in_flight_per_broker} per leader broker"),
+            "log": f"bounded at {args.retained_mb} MiB" if args.retained_mb > 0 else "unbounded (one growing segment)",
             "records_per_phase": records,
             "single_rf1_acks1_records_per_s": round(records / single_s),
             "replicated_rf3_acksall_records_per_s": round(records / repl_s),
@@ -312,10 +339,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=200, help="batches per phase (1000 records each)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating single/replicated rounds")
     parser.add_argument("--partitions", type=int, default=3)
-    parser.add_argument("--in-flight", type=int, default=6, help="produce requests in flight")
+    parser.add_argument("--in-flight-per-broker", type=int, default=5,
+                        help="produce requests in flight to each leader broker (Kafka's producer default "
+                             "max.in.flight.requests.per.connection: 5): 5 for the single broker, 15 for 3 leaders")
+    parser.add_argument("--in-flight", type=int, default=0,
+                        help="instead: this many produce requests in flight in all, for both setups "
+                             "(the earlier default: 6)")
     parser.add_argument("--moves", type=int, default=10, help="leader moves in phase 3")
     parser.add_argument("--move-interval-s", type=float, default=0.5)
     parser.add_argument("--fetch-wait-ms", type=int, default=500, help="replica.fetch.wait.max.ms")
+    parser.add_argument("--retained-mb", type=int, default=256,
+                        help="log.retention.bytes per partition in MiB with 64 MiB segments, as broker.bench "
+                             "(a broker's steady state); 0: one growing 1 GiB segment")
     parser.add_argument("--work-dir", type=Path, help="keep data dirs and broker logs here (default: a temp dir)")
     args = parser.parse_args(argv)
     if args.work_dir is not None:

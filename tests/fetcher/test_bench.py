@@ -1,0 +1,26 @@
+"""``python -m fetcher.bench`` runs end to end (tiny sizes); figures are printed, never asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("flight, retained", [(["--in-flight-per-broker", "2"], "256"), (["--in-flight", "3"], "0")])
+def test_fetcher_bench_runs(tmp_path: Path, flight: list[str], retained: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "fetcher.bench", "--batches", "6", "--rounds", "2", "--moves", "1",
+                          "--move-interval-s", "0.2", "--retained-mb", retained, *flight,
+                          "--work-dir", str(tmp_path / "work")],
+                         cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["records_per_phase"] == 6000 and result["leader_moves"] == 1
+    assert result["replication_ratio"] > 0 and result["follower_fetches_per_replicated_batch"] > 0
+    assert ("per leader broker" in result["in_flight"]) == (flight[0] == "--in-flight-per-broker")
+    assert result["log"].startswith("bounded") == (retained != "0")
