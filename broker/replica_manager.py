@@ -120,7 +120,7 @@ class ReplicaManager:
         hw = ps.follower_high_watermark(p.state, log_end_offset=p.log_end_offset,
                                         leader_high_watermark=leader_high_watermark)
         if hw != p.state.high_watermark:
-            p.state = replace(p.state, high_watermark=hw)
+            p.state = p.state.with_high_watermark(hw)
         self.fetch_purgatory.check_and_complete(tp)
 
     def on_follower_truncated(self, tp: TopicPartition, offset: int, reason: str) -> None:
@@ -658,6 +658,7 @@ class ReplicaManager:
         return None
 
     def _update_follower(self, p: Partition, req: FetchRequest, fp: FetchPartitionRequest) -> None:
+        before = p.state.follower(req.replica_id)
         p.state = ps.update_follower(p.state, broker_id=req.replica_id, fetch_offset=fp.fetch_offset,
                                      log_start_offset=fp.log_start_offset, now_ms=self.clock.monotonic_ms(),
                                      leader_end_offset=p.log_end_offset, broker_epoch=req.broker_epoch)
@@ -665,7 +666,10 @@ class ReplicaManager:
         # are periodic (maybe_shrink_isr). A follower already in the ISR cannot be added, so skip the check.
         if req.replica_id not in p.state.isr:
             self._maybe_request_isr_change(p)
-        self._maybe_advance_hw(p)
+        # The HW moves with the ISR's LEOs: a follower fetching at the same offset again cannot move it (an
+        # append, an ISR change and a refused ISR change each re-evaluate it themselves).
+        if before is None or before.log_end_offset != fp.fetch_offset:
+            self._maybe_advance_hw(p)
 
     def _fetch_ready(self, req: FetchRequest) -> bool:
         """Enough new data (or an error) for a waiting fetch (Kafka ``DelayedFetch.tryComplete``)."""

@@ -336,7 +336,9 @@ def _ts(event: dict[str, Any]) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fetcher.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batches", type=int, default=200, help="batches per phase (1000 records each)")
+    parser.add_argument("--batches", type=int, default=2000,
+                        help="batches per phase (1000 records each); fewer make rounds of a few ms, "
+                             "below the 10 ms tick of the CPU figures")
     parser.add_argument("--rounds", type=int, default=5, help="alternating single/replicated rounds")
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--in-flight-per-broker", type=int, default=5,

@@ -130,6 +130,8 @@ class FetcherTask:
         self._clock = clock
         self._states = PartitionStates()
         self._known_hw: dict[TopicPartition, int] = {}
+        # (leader HW, leader log start, local LEO) last passed to on_follower_appended, per partition
+        self._reported: dict[TopicPartition, tuple[int, int, int]] = {}
         self._added_ms: dict[TopicPartition, int] = {}  # until the first append after (re)adding
         self._backoff_until_ms = 0
         self._wakeup = asyncio.Event()
@@ -149,6 +151,7 @@ class FetcherTask:
             if current is not None and current.current_leader_epoch == initial.leader_epoch:
                 continue
             self._states.set(tp, self._initial_state(tp, initial))
+            self._reported.pop(tp, None)
             self._added_ms[tp] = self._clock.monotonic_ms()
             self._log.info("fetcher_partition_added", topic=tp.topic, partition=tp.partition,
                            leader_epoch=initial.leader_epoch, offset=initial.fetch_offset)
@@ -176,6 +179,7 @@ class FetcherTask:
         for tp in tps:
             if self._states.remove(tp) is not None:
                 self._known_hw.pop(tp, None)
+                self._reported.pop(tp, None)
                 self._added_ms.pop(tp, None)
                 self._metrics.forget(tp)
                 self._log.info("fetcher_partition_removed", topic=tp.topic, partition=tp.partition)
@@ -299,6 +303,7 @@ class FetcherTask:
                   *, fully: bool = False, **fields: Any) -> None:
         leo = local.log_end_offset
         hw = self._high_watermark(tp)
+        self._reported.pop(tp, None)
         if fully:
             local.truncate_fully_and_start_at(offset)
         else:
@@ -436,12 +441,18 @@ class FetcherTask:
                                leader_epoch=state.current_leader_epoch, offset=state.fetch_offset,
                                since_added_ms=delay_ms)
         new_offset = local.log_end_offset
+        lag = fetch_lag(data.high_watermark, new_offset)
+        report = (data.high_watermark, data.log_start_offset, new_offset)
+        latest_epoch = local.latest_epoch()
+        if (not data.records and self._reported.get(tp) == report and state.lag == lag
+                and state.parked_until_ms is None and state.last_fetched_epoch == latest_epoch):
+            return  # nothing new for this partition (most of them, when a fetcher follows many): no bookkeeping
         if data.high_watermark >= 0:
             self._known_hw[tp] = min(new_offset, data.high_watermark)
         self._partitions.on_follower_appended(tp, data.high_watermark, data.log_start_offset)
-        lag = fetch_lag(data.high_watermark, new_offset)
+        self._reported[tp] = report
         self._metrics.lag(tp, lag)
-        new_state = state.fetched(new_offset, local.latest_epoch(), lag)
+        new_state = state.fetched(new_offset, latest_epoch, lag)
         if data.records:  # Kafka: only partitions that got data go to the back of the line (KIP-74)
             self._states.update_and_move_to_end(tp, new_state)
         else:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -134,3 +134,17 @@ def test_replica_refused_as_ineligible_is_not_proposed_again_until_a_new_broker_
     # any other refusal only drops the pending change
     other = ps.isr_change_refused(replace(s, pending=change), ineligible=False)
     assert other.pending is None and other.ineligible == frozenset()
+
+
+def test_positional_copies_equal_replace() -> None:
+    """``with_followers`` / ``with_high_watermark`` list every field by position: a new field must be added there."""
+    s = ps.PartitionState(broker_id=1, role=ps.Role.LEADER, leader=1, leader_epoch=4, partition_epoch=7, isr=(1, 2),
+                          replicas=(1, 2, 3), high_watermark=10, leader_epoch_start_offset=3,
+                          pending=ps.PendingIsrChange((1, 2, 3), True), followers=(ps.ReplicaState(2),),
+                          ineligible=frozenset({(3, 9)}))
+    followers = (ps.ReplicaState(2, log_end_offset=5), ps.ReplicaState(3))
+    assert s.with_followers(followers) == replace(s, followers=followers)
+    assert s.with_high_watermark(12) == replace(s, high_watermark=12)
+    assert {f.name for f in fields(ps.PartitionState)} == {
+        "broker_id", "role", "leader", "leader_epoch", "partition_epoch", "isr", "replicas", "high_watermark",
+        "leader_epoch_start_offset", "pending", "followers", "ineligible"}

@@ -358,6 +358,29 @@ async def test_follows_leader_log_start_offset(setup: Setup) -> None:
     assert f.log_start_offset == 6
 
 
+async def test_answers_without_records_still_move_high_watermark_and_log_start(setup: Setup) -> None:
+    """An answer with nothing new for a partition costs no bookkeeping; a new HW or log start is still applied."""
+    f, ld = setup.log("f"), setup.log("l")
+    write(ld, 0, 4, setup.clock)
+    lp = setup.leader.lead(TP, ld, 0)
+    lp.high_watermark = 3
+    setup.start(TP, f, 0)
+    await setup.converge()
+    follower = setup.follower.partitions[TP]
+    assert follower.high_watermark == 3 and f.log_end_offset == ld.log_end_offset
+    calls = setup.follower.appended_calls
+    await setup.task.do_work()
+    assert setup.follower.appended_calls == calls
+    lp.high_watermark = ld.log_end_offset
+    await setup.task.do_work()
+    assert follower.high_watermark == ld.log_end_offset
+    ld.maybe_increment_log_start_offset(6)
+    await setup.task.do_work()
+    assert f.log_start_offset == 6
+    state = setup.task.fetch_state(TP)
+    assert state is not None and state.lag == 0
+
+
 async def a_replicated_b_idle(setup: Setup) -> tuple[TopicPartition, TopicPartition, Log, Log, Log, Log]:
     """Partition a replicated and caught up; b's logs exist, nobody leads or follows it yet."""
     a, b = TopicPartition("t", 0), TopicPartition("t", 1)
