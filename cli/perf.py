@@ -16,6 +16,7 @@ import asyncio
 import functools
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -166,21 +167,27 @@ async def produce_main(args: argparse.Namespace, out: TextIO) -> int:
                 return
             stats.record_many([(now - t) * 1000 for t in times], size, now)
 
-        current: list[float] = []
+        # the per-record loop: locals only (send_nowait, the clock, the open batch's send-time list)
+        topic = args.topic
+        send_nowait = producer.send_nowait
+        throttled = throttle.rate > 0
+        no_batch: list[float] = []
+        add_time: Callable[[float], None] = no_batch.append
         for i in range(args.num_records):
             sent_at = clock()
-            fut = producer.send_nowait(args.topic, payload)
+            fut = send_nowait(topic, payload)
             if fut is None:
-                fut = await producer.send(args.topic, payload)
+                fut = await producer.send(topic, payload)
             elif fut.index == 0:
                 await asyncio.sleep(0)  # a new batch: let the sender run
             if fut.index == 0:
-                current = []
+                current: list[float] = []
                 key = id(current)
                 send_times[key] = current
+                add_time = current.append
                 fut.add_batch_callback(functools.partial(on_batch, key))
-            current.append(sent_at)
-            if throttle.rate > 0 and i % 16 == 0:
+            add_time(sent_at)
+            if throttled and i % 16 == 0:
                 delay = throttle.delay_s(i + 1, clock())
                 if delay > 0:
                     await asyncio.sleep(delay)

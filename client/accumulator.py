@@ -59,31 +59,48 @@ class RecordAccumulator:
         self.flushing = False
         self.buffered_bytes = 0
 
-    def append(self, tp: TopicPartition, key: bytes | None, value: bytes | None, timestamp_ms: int,
-               now_ms: int | Callable[[], int], size: int | None = None) -> tuple[ProducerBatch, int, bool]:
-        """Add a record; returns (batch, index in batch, whether a new batch was opened).
-
-        ``now_ms`` (monotonic) may be a clock function: it is only read when a batch is opened."""
-        if size is None:
-            size = record_size(key, value)
+    def try_append(self, tp: TopicPartition, key: bytes | None, value: bytes | None, timestamp_ms: int,
+                   size: int) -> ProducerBatch | None:
+        """Add a record to ``tp``'s open batch if it has room and return that batch (the record is its last);
+        None, appending nothing, when the record would need a new batch. The producer's hot path: one call
+        per record, no objects but the record's tuple."""
         queue = self._queues.get(tp)
-        if queue is None:
-            queue = self._queues[tp] = deque()
-        new_batch = False
-        batch = queue[-1] if queue else None
-        if batch is None or batch.closed or (batch.records and batch.size_bytes + size > self.batch_size):
-            if batch is not None:
-                batch.closed = True
-            now = now_ms() if callable(now_ms) else now_ms
-            batch = ProducerBatch(tp=tp, created_ms=now, deadline_ms=now + self.delivery_timeout_ms)
-            queue.append(batch)
-            new_batch = True
+        if not queue:
+            return None
+        batch = queue[-1]
+        if batch.closed or batch.size_bytes + size > self.batch_size:
+            return None
         batch.records.append((key, value, timestamp_ms))
         batch.size_bytes += size
         self.buffered_bytes += size
         if batch.size_bytes >= self.batch_size:
             batch.closed = True
-        return batch, len(batch.records) - 1, new_batch
+        return batch
+
+    def append(self, tp: TopicPartition, key: bytes | None, value: bytes | None, timestamp_ms: int,
+               now_ms: int | Callable[[], int], size: int | None = None) -> ProducerBatch:
+        """Add a record, opening a new batch when the open one is full or sent; returns the batch, whose
+        last record it is (``len(batch) == 1``: a new batch). ``now_ms`` (monotonic) may be a clock
+        function: it is only read when a batch is opened."""
+        if size is None:
+            size = record_size(key, value)
+        batch = self.try_append(tp, key, value, timestamp_ms, size)
+        if batch is not None:
+            return batch
+        queue = self._queues.get(tp)
+        if queue is None:
+            queue = self._queues[tp] = deque()
+        if queue:
+            queue[-1].closed = True
+        now = now_ms() if callable(now_ms) else now_ms
+        batch = ProducerBatch(tp=tp, created_ms=now, deadline_ms=now + self.delivery_timeout_ms)
+        queue.append(batch)
+        batch.records.append((key, value, timestamp_ms))
+        batch.size_bytes = size
+        self.buffered_bytes += size
+        if size >= self.batch_size:
+            batch.closed = True
+        return batch
 
     def is_ready(self, batch: ProducerBatch, now_ms: int) -> bool:
         if batch.retrying:

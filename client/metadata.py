@@ -124,20 +124,16 @@ class MetadataCache:
         self._retry_backoff_ms = retry_backoff_ms
         self._request_timeout_ms = request_timeout_ms
         self._topics: set[str] = set()
-        self._current = ClusterMetadata()
+        self.current = ClusterMetadata()  # a plain attribute: the producer reads it once per record
         self._refreshing: asyncio.Task[ClusterMetadata] | None = None
         self._last_refresh_ms = -(10**12)
         self._next_address = 0
-
-    @property
-    def current(self) -> ClusterMetadata:
-        return self._current
 
     def add_topics(self, topics: Iterable[str]) -> None:
         self._topics.update(topics)
 
     def _candidates(self) -> list[str]:
-        known = [a for _, a in sorted(self._current.brokers.items())]
+        known = [a for _, a in sorted(self.current.brokers.items())]
         seen: list[str] = []
         for address in known + self._bootstrap:
             if address not in seen:
@@ -169,9 +165,9 @@ class MetadataCache:
                 self._next_address += 1
                 continue
             fresh = metadata_from_response(resp)
-            self._current = merge_metadata(self._current, fresh, topics)
+            self.current = merge_metadata(self.current, fresh, topics)
             self._last_refresh_ms = self._clock.monotonic_ms()
-            return self._current
+            return self.current
         self._last_refresh_ms = self._clock.monotonic_ms()
         raise NoBrokersAvailableError("no broker answered metadata: " + "; ".join(errors[-3:]))
 

@@ -48,22 +48,26 @@ def partition_for_key(key: bytes, num_partitions: int) -> int:
 
 
 class StickyPartitioner:
-    """Keyless records stick to one partition per topic until ``on_new_batch`` moves it on."""
+    """Keyless records stick to one partition per topic until ``on_new_batch`` moves it on.
+
+    The producer calls ``on_new_batch`` when a keyless record would open a new batch on the sticky partition
+    (its batch is full or was sent), then appends the record to the next partition: Kafka's
+    ``abortOnNewBatch``, so batches fill instead of each partition getting a one-record batch."""
 
     def __init__(self, start: int = 0) -> None:
         self._start = start
-        self._current: dict[str, int] = {}
+        self.current: dict[str, int] = {}  # topic -> sticky partition; read directly on the producer's hot path
 
     def partition(self, topic: str, key: bytes | None, num_partitions: int) -> int:
         if key is not None:
             return partition_for_key(key, num_partitions)
-        current = self._current.get(topic)
+        current = self.current.get(topic)
         if current is None or current >= num_partitions:
             current = self._start % num_partitions
-            self._current[topic] = current
+            self.current[topic] = current
         return current
 
     def on_new_batch(self, topic: str, num_partitions: int) -> None:
         """The sticky partition's batch was closed: move to the next partition."""
-        current = self._current.get(topic, self._start)
-        self._current[topic] = (current + 1) % max(num_partitions, 1)
+        current = self.current.get(topic, self._start)
+        self.current[topic] = (current + 1) % max(num_partitions, 1)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,9 @@ from common.wire import TopicPartition
 from storage.record_batch import build_batch
 
 log = get_logger(__name__)
+
+_new_object = object.__new__
+_time_ns = time.time_ns
 
 ACKS = {"all": -1, "-1": -1, "1": 1, "0": 0}
 
@@ -97,13 +101,17 @@ class RecordMetadata:
 
 
 class DeliveryFuture:
-    """The outcome of one ``send``: await it for ``RecordMetadata`` or a typed error."""
+    """The outcome of one ``send``: await it for ``RecordMetadata`` or a typed error.
 
-    __slots__ = ("_batch", "_index")
+    A view of one record of a batch: the batch holds the only asyncio future, and the record's offset
+    (base offset + ``index``) is derived when asked, so a send costs no future of its own (Kafka's
+    FutureRecordMetadata over a ProduceRequestResult per batch)."""
+
+    __slots__ = ("_batch", "index")
 
     def __init__(self, batch: ProducerBatch, index: int) -> None:
         self._batch = batch
-        self._index = index
+        self.index = index  # position of the record in its batch; 0 for the record that opened a batch
 
     @property
     def topic_partition(self) -> TopicPartition:
@@ -118,14 +126,9 @@ class DeliveryFuture:
 
     def result(self) -> RecordMetadata:
         base: int = self._batch.completion.result()
-        offset = -1 if base < 0 else base + self._index
+        offset = -1 if base < 0 else base + self.index
         tp = self._batch.tp
-        return RecordMetadata(tp.topic, tp.partition, offset, self._batch.records[self._index][2])
-
-    @property
-    def index(self) -> int:
-        """Position of the record in its batch; 0 for the record that opened a batch."""
-        return self._index
+        return RecordMetadata(tp.topic, tp.partition, offset, self._batch.records[self.index][2])
 
     def add_done_callback(self, fn: Callable[[DeliveryFuture], Any]) -> None:
         self._batch.completion.add_done_callback(lambda _f: fn(self))
@@ -173,6 +176,9 @@ class Producer:
         self._max_request_size = config.max_request_size
         self._buffer_memory = config.buffer_memory
         self._now_ms = self._clock.now_ms
+        self._monotonic_ms = self._clock.monotonic_ms
+        self._system_clock = type(self._clock) is SystemClock
+        self._sticky = self._partitioner.current
 
     async def __aenter__(self) -> Producer:
         await self.start()
@@ -203,28 +209,49 @@ class Producer:
             raise error_for(ErrorCode.MESSAGE_TOO_LARGE,
                             f"a {size}-byte record is larger than max.request.size={self._max_request_size}")
         num_partitions = self.metadata.current.partition_counts.get(topic)
-        if num_partitions is None or self._acc.buffered_bytes >= self._buffer_memory or self._sender is None:
+        acc = self._acc
+        if num_partitions is None or acc.buffered_bytes >= self._buffer_memory or self._sender is None:
             return None
-        if partition is None:
-            partition = self._partitioner.partition(topic, key, num_partitions)
-        elif not 0 <= partition < num_partitions:
-            raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                            f"partition {partition} of {topic!r} does not exist ({num_partitions} partitions)")
         tps = self._tps.get(topic)
         if tps is None or len(tps) != num_partitions:
             tps = self._tps[topic] = [TopicPartition(topic, p) for p in range(num_partitions)]
-        ts = self._now_ms() if timestamp_ms is None else timestamp_ms
-        batch, index, new_batch = self._acc.append(tps[partition], key, value, ts, self._clock.monotonic_ms, size)
-        if new_batch:
+        if timestamp_ms is not None:
+            ts = timestamp_ms
+        elif self._system_clock:
+            ts = _time_ns() // 1_000_000  # SystemClock.now_ms inlined: 0.1 us less per record
+        else:
+            ts = self._now_ms()
+        if partition is None and key is None:
+            # sticky partition (KIP-480); a record that would open a new batch there moves the sticky
+            # partition on first and goes to the next one (Kafka's abortOnNewBatch)
+            partition = self._sticky.get(topic)
+            if partition is None or partition >= num_partitions:
+                partition = self._partitioner.partition(topic, None, num_partitions)
+            batch = acc.try_append(tps[partition], None, value, ts, size)
+            if batch is None:
+                self._partitioner.on_new_batch(topic, num_partitions)
+                partition = self._partitioner.partition(topic, None, num_partitions)
+                batch = acc.append(tps[partition], None, value, ts, self._monotonic_ms, size)
+        else:
+            if partition is None:
+                partition = self._partitioner.partition(topic, key, num_partitions)
+            elif not 0 <= partition < num_partitions:
+                raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                f"partition {partition} of {topic!r} does not exist ({num_partitions} partitions)")
+            batch = acc.append(tps[partition], key, value, ts, self._monotonic_ms, size)
+        index = len(batch.records) - 1
+        if index == 0:
             batch.completion = asyncio.get_running_loop().create_future()
             self._pending.add(batch.completion)
             batch.completion.add_done_callback(self._pending.discard)
-            if key is None:
-                self._partitioner.on_new_batch(topic, num_partitions)
             self._wake.set()
         elif batch.closed:
             self._wake.set()
-        return DeliveryFuture(batch, index)
+        # object.__new__ and two slot stores: about 50 ns cheaper per record than calling __init__
+        fut: DeliveryFuture = _new_object(DeliveryFuture)
+        fut._batch = batch
+        fut.index = index
+        return fut
 
     async def send(self, topic: str, value: bytes | None, *, key: bytes | None = None,
                    partition: int | None = None, timestamp_ms: int | None = None) -> DeliveryFuture:

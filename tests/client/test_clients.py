@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
 
 from client import Consumer, Producer, ProducerConfig, TopicPartition
+from client.accumulator import record_size
 from client.errors import DeliveryTimeoutError
 from client.partitioner import partition_for_key
+from common.clock import ManualClock
 from common.errors import ErrorCode, MinibrokerError
 from tests.client.fake_broker import FakeCluster
 
@@ -306,3 +309,70 @@ async def test_a_failure_is_definite_only_when_no_attempt_can_have_been_written(
                 await fut
             outcomes.append(is_definite_failure(info.value))
     assert outcomes == [True, False, True]
+
+
+async def test_keyless_records_fill_one_sticky_batch_at_a_time(fake: FakeCluster) -> None:
+    """A keyless record that would open a new batch on the sticky partition goes to the next partition
+    instead (Kafka's abortOnNewBatch): every batch but the last of each partition is full."""
+    per_batch = 10
+    config = fast(batch_size=per_batch * record_size(None, b"x" * 20), linger_ms=60_000)
+    clock = ManualClock()  # linger never expires: batches are sent when full, or by the flush on close
+    async with Producer(fake.bootstrap, config, clock=clock) as producer:
+        futures = [await producer.send(TOPIC, b"%020d" % i) for i in range(95)]
+        await producer.flush()
+        metas = [await f for f in futures]
+    counts = {tp: [end - start for start, end, _ in p.batches] for tp, p in fake.partitions.items()}
+    assert sum(sum(c) for c in counts.values()) == 95
+    for tp, c in counts.items():
+        assert c and all(n == per_batch for n in c[:-1]), (tp, c)
+    assert sum(1 for c in counts.values() if c[-1] != per_batch) <= 1  # only the batch open at the end
+    # records go to one partition until its batch is full, then to the next: runs of 10 (the first batch
+    # opens on the partition after the start, as when a batch would be opened)
+    runs = [m.partition for m in metas[::per_batch]]
+    assert all(m.partition == metas[i - i % per_batch].partition for i, m in enumerate(metas))
+    assert runs == [(runs[0] + i) % 3 for i in range(len(runs))]
+
+
+async def test_each_record_gets_its_offset_and_timestamp_in_send_order(fake: FakeCluster) -> None:
+    clock = ManualClock(now_ms=1_700_000_000_000)
+    async with Producer(fake.bootstrap, fast(batch_size=500, linger_ms=60_000), clock=clock) as producer:
+        futures = []
+        for i in range(40):
+            futures.append(await producer.send(TOPIC, b"v%02d" % i, partition=i % 2))
+            clock.advance(1)
+        explicit = await producer.send(TOPIC, b"old", partition=2, timestamp_ms=1_600_000_000_000)
+        assert not futures[-1].done()  # queued: the batch is neither full nor lingered
+        await producer.flush()
+        assert all(f.done() and f.exception() is None for f in futures)
+        metas = [f.result() for f in futures]
+    for p in (0, 1):
+        mine = [m for m in metas if m.partition == p]
+        assert [m.offset for m in mine] == list(range(20))  # consecutive, in send order
+    assert [m.timestamp for m in metas] == [1_700_000_000_000 + i for i in range(40)]
+    assert (await explicit).timestamp == 1_600_000_000_000 and explicit.topic_partition == TopicPartition(TOPIC, 2)
+    records = await consume_all(fake.bootstrap, 41)
+    got = {(r.partition, r.offset): (r.value, r.timestamp) for r in records}  # type: ignore[attr-defined]
+    for i, m in enumerate(metas):
+        assert got[(m.partition, m.offset)] == (b"v%02d" % i, m.timestamp)
+
+
+async def test_system_clock_timestamps_are_wall_clock_ms(fake: FakeCluster) -> None:
+    async with Producer(fake.bootstrap, fast()) as producer:
+        before = time.time_ns() // 1_000_000
+        meta = await producer.send_and_wait(TOPIC, b"x")
+        after = time.time_ns() // 1_000_000
+    assert before <= meta.timestamp <= after
+
+
+async def test_a_failed_batch_fails_each_of_its_records_and_no_other(fake: FakeCluster) -> None:
+    fake.errors[TopicPartition(TOPIC, 1)].append(ErrorCode.INVALID_RECORD)
+    async with Producer(fake.bootstrap, fast(linger_ms=60_000), clock=ManualClock()) as producer:
+        futures = [await producer.send(TOPIC, b"%d" % i, partition=i % 3) for i in range(30)]
+        await producer.flush()
+        for i, f in enumerate(futures):
+            if i % 3 == 1:
+                with pytest.raises(MinibrokerError) as info:
+                    await f
+                assert info.value.code is ErrorCode.INVALID_RECORD and not info.value.retriable
+            else:
+                assert (await f).offset == i // 3

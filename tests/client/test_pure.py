@@ -51,15 +51,33 @@ def acc(batch_size: int = 100, linger_ms: int = 10) -> RecordAccumulator:
 
 def test_batches_fill_to_batch_size_then_close() -> None:
     a = acc(batch_size=3 * record_size(None, b"x" * 10))
-    batches = [a.append(TP0, None, b"x" * 10, 1, now_ms=0) for _ in range(4)]
-    assert [b[1] for b in batches] == [0, 1, 2, 0]  # index in batch
-    assert [b[2] for b in batches] == [True, False, False, True]  # opened a new batch
+    batches = []
+    for _ in range(4):
+        batch = a.append(TP0, None, b"x" * 10, 1, now_ms=0)
+        batches.append((batch, len(batch) - 1))  # the record is the batch's last
+    assert [i for _, i in batches] == [0, 1, 2, 0]  # index in batch; 0 = opened a new batch
+    assert batches[0][0] is batches[2][0] is not batches[3][0]
     assert batches[0][0].closed and not batches[3][0].closed
+    assert a.buffered_bytes == 4 * record_size(None, b"x" * 10)
+
+
+def test_try_append_never_opens_a_batch() -> None:
+    size = record_size(None, b"x" * 10)
+    a = acc(batch_size=2 * size)
+    assert a.try_append(TP0, None, b"x" * 10, 1, size) is None  # no batch yet
+    assert a.empty() and a.buffered_bytes == 0
+    first = a.append(TP0, None, b"x" * 10, 1, now_ms=0)
+    assert a.try_append(TP0, None, b"x" * 10, 2, size) is first and first.closed  # full now
+    assert a.try_append(TP0, None, b"x" * 10, 3, size) is None  # would need a new batch
+    assert [r[2] for r in first.records] == [1, 2] and a.buffered_bytes == 2 * size
+    open_one = a.append(TP1, None, b"v", 1, now_ms=0)
+    assert a.drain(TP1, max_bytes=10**6, now_ms=10**6) == [open_one]  # sent: closed, no more appends
+    assert a.try_append(TP1, None, b"v", 2, record_size(None, b"v")) is None
 
 
 def test_ready_by_size_linger_or_flush() -> None:
     a = acc(batch_size=1_000, linger_ms=10)
-    batch, _, _ = a.append(TP0, None, b"v", 1, now_ms=100)
+    batch = a.append(TP0, None, b"v", 1, now_ms=100)
     assert not a.is_ready(batch, 105)
     assert a.next_ready_ms(batch) == 110
     assert a.is_ready(batch, 110)

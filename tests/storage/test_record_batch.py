@@ -45,6 +45,14 @@ def test_decode_records_roundtrip_with_headers() -> None:
     assert rb.decode_records(data) == [Record(0, 0, b"k", b"v", [("h", b"x")]), Record(1, -3, None, None, [])]
 
 
+def test_records_without_headers_encode_as_with_empty_headers() -> None:
+    """(key, value, ts) records take a column-wise fast path; the bytes are the general path's."""
+    plain = [(b"k", b"v" * 100, TS + 2), (None, b"", TS), (b"", None, TS + 70_000), (None, None, TS - 5)] * 70
+    assert rb.build_batch(plain, timestamp_ms=0) == rb.build_batch([(*r, []) for r in plain], timestamp_ms=0)
+    assert [(r.key, r.value, r.timestamp_delta) for r in rb.decode_records(rb.build_batch(plain, timestamp_ms=0))][:4] \
+        == [(b"k", b"v" * 100, 0), (None, b"", -2), (b"", None, 69_998), (None, None, -7)]
+
+
 def test_empty_batch_refused() -> None:
     with pytest.raises(ValueError):
         rb.build_batch([], timestamp_ms=TS)
