@@ -84,8 +84,8 @@ class _Connection(asyncio.Protocol):
     complete (``status``, ``keep_alive`` and ``content_type`` are then set), or fails with ``_Broken``.
     """
 
-    __slots__ = ("_body", "_framed", "_headers_done", "_lost", "_parser", "alive", "answer", "content_type",
-                 "keep_alive", "sock", "status", "transport")
+    __slots__ = ("_body", "_framed", "_headers_done", "_lost", "_parser", "_peer_eof", "alive", "answer",
+                 "content_type", "keep_alive", "sock", "status", "transport")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -99,6 +99,7 @@ class _Connection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._framed = False  # Content-Length or Transfer-Encoding seen; else the body ends at EOF
         self._headers_done = False
+        self._peer_eof = False
         self._lost: asyncio.Future[None] | None = None
 
     def usable(self) -> bool:
@@ -158,13 +159,14 @@ class _Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         self.alive = False
+        self._peer_eof = True
         return None  # let the transport close; connection_lost settles an unfinished answer
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.alive = False
         answer = self.answer
         if answer is not None and not answer.done():
-            if exc is None and self._headers_done and not self._framed:
+            if self._peer_eof and exc is None and self._headers_done and not self._framed:
                 self.status = self._parser.get_status_code()  # a body delimited by the close
                 answer.set_result(b"".join(self._body))
             else:

@@ -324,6 +324,24 @@ async def test_body_delimited_by_connection_close(client: RpcClient) -> None:
         assert await client.call(address, "x", {}) == {"ok": True}  # a new connection for the second
 
 
+async def test_close_during_a_body_delimited_by_eof_is_an_error_not_a_short_body(client: RpcClient) -> None:
+    sent = asyncio.Event()
+
+    async def reply(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + encode({"ok": True})[:2])
+        await writer.drain()
+        sent.set()
+        await asyncio.sleep(10)  # the rest never comes; the client closes first
+
+    async with raw_server(reply) as address:
+        call = asyncio.create_task(client.call(address, "fetch", {}))
+        await asyncio.wait_for(sent.wait(), 10)
+        await asyncio.sleep(0.05)  # let the client read what was sent
+        await client.close()
+        with pytest.raises(RpcConnectionError, match="connection closed before the response was complete"):
+            await call
+
+
 async def test_connection_closed_mid_response(client: RpcClient) -> None:
     async def reply(writer: asyncio.StreamWriter) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
