@@ -11,12 +11,13 @@ tracing hooks, connector bookkeeping), which made it the largest cost of
 replication (a follower's Fetch round trip) and of the producer. This client is
 an ``asyncio.Protocol`` per connection with ``httptools`` (llhttp, in C) parsing
 the responses. Client CPU per sequential call against the same local aiohttp
-server (``python -m common.http_bench``, 2 shared cores, medians of 3 rounds):
+server (``python -m common.http_bench``; 2 cores shared with other work, so the
+range over three runs, each the median of 3 rounds of 1000 calls):
 
     case                  aiohttp session   this client
-    small request/answer       185 us          48 us
-    100 KiB request            240 us          90 us
-    100 KiB answer             221 us          80 us
+    small request/answer   185-244 us        48-92 us
+    100 KiB request        240-363 us        90-191 us
+    100 KiB answer         218-261 us        80-187 us
 
 Under cProfile most of what remains is the socket send and epoll system calls
 and the event loop; this module's own Python is a small part.
