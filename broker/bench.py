@@ -162,11 +162,13 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def _log_settings(retained_mb: int) -> list[str]:
-    """Broker ``--set`` flags: a bounded log (64 MiB segments, retention checked every second), or one
-    1 GiB segment (Kafka's default size) when ``retained_mb`` is 0."""
+    """Broker ``--set`` flags: a bounded log (segments of a quarter of ``retained_mb``, at most 64 MiB;
+    retention checked every second), or one 1 GiB segment (Kafka's default size) when ``retained_mb``
+    is 0."""
     if retained_mb <= 0:
         return ["--set", "log.segment.bytes=1073741824"]
-    return ["--set", f"log.segment.bytes={64 << 20}", "--set", f"log.retention.bytes={retained_mb << 20}",
+    segment = max(1 << 20, min(64 << 20, (retained_mb << 20) // 4))
+    return ["--set", f"log.segment.bytes={segment}", "--set", f"log.retention.bytes={retained_mb << 20}",
             "--set", "log.retention.check.interval.ms=1000"]
 
 
