@@ -34,6 +34,7 @@ from typing import Any
 
 from common.wire import decode, encode
 from controller.state import MetadataImage, Record, record_from_dict, record_to_dict
+from storage.checkpoint import fsync_dir
 
 JOURNAL_NAME = "metadata.journal"
 SNAPSHOT_NAME = "metadata.snapshot"
@@ -82,14 +83,6 @@ def read_frames(buf: bytes) -> tuple[list[dict[str, Any]], int]:
     return frames, pos
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_atomically(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
@@ -97,7 +90,7 @@ def _write_atomically(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 class Journal:
@@ -114,7 +107,7 @@ class Journal:
         # unbuffered: a failed write leaves nothing behind in a buffer that a later close could flush
         self._file = open(data_dir / JOURNAL_NAME, "ab", buffering=0)  # noqa: SIM115 - held for the process lifetime
         if created:  # the new file's directory entry must be durable before a frame in it is acknowledged
-            _fsync_dir(data_dir)
+            fsync_dir(data_dir)
 
     @classmethod
     def open(cls, data_dir: Path) -> tuple[Journal, MetadataImage]:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from broker.requests import FetchRequest as FetchRequest  # the broker's request shape, re-exported: the interface
 from common.errors import ErrorCode
 from common.http import RpcClient, RpcError
 from common.wire import TopicPartition
@@ -29,25 +30,6 @@ EARLIEST_TIMESTAMP = -2
 
 class LeaderUnavailableError(Exception):
     """The whole request failed: connection, timeout, rejected body or a malformed answer."""
-
-
-@dataclass(frozen=True, slots=True)
-class FetchPartition:
-    fetch_offset: int
-    current_leader_epoch: int
-    last_fetched_epoch: int  # -1 when unknown
-    log_start_offset: int
-    partition_max_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class FetchRequest:
-    replica_id: int
-    broker_epoch: int
-    max_wait_ms: int
-    min_bytes: int
-    max_bytes: int
-    partitions: Mapping[TopicPartition, FetchPartition]  # in the order to send them
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from broker.requests import FetchPartitionRequest
 from common.clock import Clock
 from common.config import Config
 from common.errors import ErrorCode
@@ -35,7 +36,6 @@ from fetcher.endpoint import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
     EpochRequest,
-    FetchPartition,
     FetchPartitionData,
     FetchRequest,
     FetchResponse,
@@ -374,7 +374,7 @@ class FetcherTask:
 
     def _build_fetch(self) -> tuple[FetchRequest | None, dict[TopicPartition, PartitionFetchState]]:
         now = self._clock.monotonic_ms()
-        parts: dict[TopicPartition, FetchPartition] = {}
+        parts: dict[TopicPartition, FetchPartitionRequest] = {}
         sent: dict[TopicPartition, PartitionFetchState] = {}
         for tp, state in self._states.items():
             if not state.is_fetchable(now):
@@ -384,7 +384,7 @@ class FetcherTask:
                 self._park(tp, state, "not_following")
                 continue
             last_epoch = state.last_fetched_epoch if state.last_fetched_epoch is not None else UNDEFINED_EPOCH
-            parts[tp] = FetchPartition(state.fetch_offset, state.current_leader_epoch, last_epoch,
+            parts[tp] = FetchPartitionRequest(state.fetch_offset, state.current_leader_epoch, last_epoch,
                                        local.log_start_offset, self._config.partition_max_bytes)
             sent[tp] = state
         if not parts:

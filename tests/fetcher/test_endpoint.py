@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from broker.requests import FetchPartitionRequest
 from common.clock import SystemClock
 from common.errors import ErrorCode
 from common.wire import CONTENT_TYPE, TopicPartition, decode, encode
@@ -18,7 +19,6 @@ from fetcher.api import BrokerEndpoint, InitialFetchState
 from fetcher.endpoint import (
     EARLIEST_TIMESTAMP,
     EpochRequest,
-    FetchPartition,
     FetchRequest,
     HttpLeaderEndpoint,
     LeaderUnavailableError,
@@ -63,7 +63,7 @@ async def served() -> AsyncIterator[tuple[CannedLeader, HttpLeaderEndpoint]]:
 
 
 def fetch_request() -> FetchRequest:
-    parts = {tp: FetchPartition(10 * i, 3, 2, 0, 1024) for i, tp in enumerate((A, C, B))}
+    parts = {tp: FetchPartitionRequest(10 * i, 3, 2, 0, 1024) for i, tp in enumerate((A, C, B))}
     return FetchRequest(replica_id=2, broker_epoch=9, max_wait_ms=10, min_bytes=1, max_bytes=4096, partitions=parts)
 
 
