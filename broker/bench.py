@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from broker.server import MAX_BODY_BYTES, low_level_server
 from common.wire import CONTENT_TYPE, decode, encode
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,16 +45,11 @@ async def _bare_server(data_dir: Path, kind: str) -> None:
 
     runner: web.BaseRunner
     if kind == "app":
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/v1/produce", handle)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
     else:
-        loop = asyncio.get_running_loop()
-
-        def make_request(message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> web.BaseRequest:
-            return web.BaseRequest(message, payload, protocol, writer, task, loop, client_max_size=64 << 20)
-
-        runner = web.ServerRunner(web.Server(handle, request_factory=make_request, access_log=None))
+        runner = web.ServerRunner(low_level_server(handle, access_log=None))
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     (data_dir / "endpoint").write_text(f"127.0.0.1:{runner.addresses[0][1]}\n")

@@ -142,8 +142,16 @@ def build_server(rm: ReplicaManager, **kwargs: Any) -> web.Server:
                                 headers={"Allow": ", ".join(allowed)})
         return web.Response(status=404, text=f"no such path: {request.path}")
 
-    def make_request(message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> web.BaseRequest:
-        return web.BaseRequest(message, payload, protocol, writer, task, asyncio.get_running_loop(),
-                               client_max_size=MAX_BODY_BYTES)
+    return low_level_server(dispatch, **kwargs)
 
-    return web.Server(dispatch, request_factory=make_request, **kwargs)
+
+def low_level_server(handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
+                     **kwargs: Any) -> web.Server:
+    """``web.Server(handler)`` taking bodies up to ``MAX_BODY_BYTES`` (aiohttp's request default is 1 MiB).
+    Call it with the event loop running."""
+    loop = asyncio.get_running_loop()
+
+    def make_request(message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> web.BaseRequest:
+        return web.BaseRequest(message, payload, protocol, writer, task, loop, client_max_size=MAX_BODY_BYTES)
+
+    return web.Server(handler, request_factory=make_request, **kwargs)
