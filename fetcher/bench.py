@@ -51,6 +51,7 @@ import aiohttp
 from aiohttp import web
 
 from broker.bench import _log_settings, stop_process, wait_for_endpoint
+from common.config import ConfigError, broker_config, parse_assignments
 from common.http import RpcClient
 from common.wire import CONTENT_TYPE, decode, encode
 
@@ -233,7 +234,7 @@ class Bench:
 async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     controller = StubController()
     await controller.start()
-    sets = {"replica.fetch.wait.max.ms": args.fetch_wait_ms, "replica.lag.time.max.ms": 30_000}
+    sets = {"replica.fetch.wait.max.ms": args.fetch_wait_ms, "replica.lag.time.max.ms": 30_000, **args.set}
     brokers: dict[int, Broker] = {}
     try:
         for n in (1, 2, 3, 4):
@@ -353,8 +354,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--retained-mb", type=int, default=256,
                         help="log.retention.bytes per partition in MiB with 64 MiB segments, as broker.bench "
                              "(a broker's steady state); 0: one growing 1 GiB segment")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a broker config for every broker (repeatable), e.g. --set replica.fetch.min.bytes=200000")
     parser.add_argument("--work-dir", type=Path, help="keep data dirs and broker logs here (default: a temp dir)")
     args = parser.parse_args(argv)
+    try:
+        args.set = parse_assignments(args.set)
+        broker_config(args.set)  # a typo or a bad value stops here, not in four broker processes
+    except ConfigError as exc:
+        parser.error(str(exc))
     if args.work_dir is not None:
         args.work_dir.mkdir(parents=True, exist_ok=False)
         result = asyncio.run(run(args, args.work_dir))

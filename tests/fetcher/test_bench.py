@@ -12,7 +12,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("flight, retained", [(["--in-flight-per-broker", "2"], "256"), (["--in-flight", "3"], "0")])
+@pytest.mark.parametrize("flight, retained", [(["--in-flight-per-broker", "2", "--set", "replica.fetch.min.bytes=1000"],
+                                               "256"),
+                                              (["--in-flight", "3"], "0")])
 def test_fetcher_bench_runs(tmp_path: Path, flight: list[str], retained: str) -> None:
     out = subprocess.run([sys.executable, "-m", "fetcher.bench", "--batches", "6", "--rounds", "2", "--moves", "1",
                           "--move-interval-s", "0.2", "--retained-mb", retained, *flight,
@@ -24,3 +26,12 @@ def test_fetcher_bench_runs(tmp_path: Path, flight: list[str], retained: str) ->
     assert result["replication_ratio"] > 0 and result["follower_fetches_per_replicated_batch"] > 0
     assert ("per leader broker" in result["in_flight"]) == (flight[0] == "--in-flight-per-broker")
     assert result["log"].startswith("bounded") == (retained != "0")
+
+
+@pytest.mark.parametrize("setting, message", [("no.such.config=1", "unknown config 'no.such.config'"),
+                                              ("replica.fetch.min.bytes=lots", "expected an integer"),
+                                              ("novalue", "expected key=value")])
+def test_fetcher_bench_refuses_bad_settings(setting: str, message: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "fetcher.bench", "--set", setting], cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and message in out.stderr and not out.stdout
