@@ -234,12 +234,13 @@ class Bench:
 async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     controller = StubController()
     await controller.start()
-    sets = {"replica.fetch.wait.max.ms": args.fetch_wait_ms, "replica.lag.time.max.ms": 30_000, **args.set}
+    sets = {"replica.fetch.wait.max.ms": args.fetch_wait_ms, "replica.lag.time.max.ms": 30_000}
+    overrides = [flag for key, value in args.set.items() for flag in ("--set", f"{key}={value}")]
     brokers: dict[int, Broker] = {}
     try:
         for n in (1, 2, 3, 4):
             brokers[n] = await asyncio.to_thread(spawn_broker, n, work, controller.address, sets,
-                                                 _log_settings(args.retained_mb))
+                                                 _log_settings(args.retained_mb) + overrides)
         rpc = RpcClient(limit_per_host=64, timeout_s=60.0)
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(rpc.close)
@@ -355,7 +356,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="log.retention.bytes per partition in MiB with 64 MiB segments, as broker.bench "
                              "(a broker's steady state); 0: one growing 1 GiB segment")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a broker config for every broker (repeatable), e.g. --set replica.fetch.min.bytes=200000")
+                        help="a broker config for every broker (repeatable), e.g. --set "
+                             "replica.fetch.min.bytes=200000; applied last, so it wins over --fetch-wait-ms "
+                             "and --retained-mb")
     parser.add_argument("--work-dir", type=Path, help="keep data dirs and broker logs here (default: a temp dir)")
     args = parser.parse_args(argv)
     try:

@@ -12,7 +12,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("flight, retained", [(["--in-flight-per-broker", "2", "--set", "replica.fetch.min.bytes=1000"],
+@pytest.mark.parametrize("flight, retained", [(["--in-flight-per-broker", "2", "--set", "log.segment.bytes=262144"],
                                                "256"),
                                               (["--in-flight", "3"], "0")])
 def test_fetcher_bench_runs(tmp_path: Path, flight: list[str], retained: str) -> None:
@@ -26,6 +26,10 @@ def test_fetcher_bench_runs(tmp_path: Path, flight: list[str], retained: str) ->
     assert result["replication_ratio"] > 0 and result["follower_fetches_per_replicated_batch"] > 0
     assert ("per leader broker" in result["in_flight"]) == (flight[0] == "--in-flight-per-broker")
     assert result["log"].startswith("bounded") == (retained != "0")
+    # the --set applies last: 256 KiB segments instead of --retained-mb's 64 MiB, so the ~0.5 MB that each
+    # partition of the single broker received fill several segments
+    segments = list((tmp_path / "work" / "broker4" / "single-0").glob("*.log"))
+    assert (len(segments) > 1) == ("--set" in flight)
 
 
 @pytest.mark.parametrize("setting, message", [("no.such.config=1", "unknown config 'no.such.config'"),
