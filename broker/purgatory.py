@@ -96,15 +96,7 @@ class Purgatory:
         for op in list(ops):
             if op.try_complete():
                 done += 1
-        live = [op for op in ops if not op.completed]
-        if len(live) != len(ops):
-            for op in ops:
-                if op.completed:
-                    self._ops.discard(op)
-            if live:
-                self._watchers[key] = live
-            else:
-                del self._watchers[key]
+        self._prune(key)
         return done
 
     def expire(self, op: DelayedOperation[R]) -> bool:
@@ -149,15 +141,21 @@ class Purgatory:
         return n
 
     def _prune(self, key: Hashable) -> None:
+        """Drop the finished operations watching ``key``, from its list and from the set of all (only those:
+        this runs after every append and follower fetch)."""
         ops = self._watchers.get(key)
         if ops is None:
             return
         live = [op for op in ops if not op.completed]
+        if len(live) == len(ops) and live:
+            return
+        for op in ops:
+            if op.completed:
+                self._ops.discard(op)
         if live:
             self._watchers[key] = live
         else:
             del self._watchers[key]
-        self._ops = {op for op in self._ops if not op.completed} if len(live) != len(ops) else self._ops
 
     def purge(self) -> None:
         self._ops = {op for op in self._ops if not op.completed}
