@@ -628,9 +628,7 @@ class ReplicaManager:
                 return _fetch_error(tp, exc.code, p)
         if update_follower and req.is_follower:
             self._update_follower(p, req, fp)
-        return {"partition": tp.partition, "error": 0, "high_watermark": p.state.high_watermark,
-                "log_start_offset": the_log.log_start_offset, "log_end_offset": the_log.log_end_offset,
-                "diverging_epoch": None, "records": records}
+        return _fetch_error(tp, ErrorCode.NONE, p, records)
 
     def _check_fetch_partition(self, req: FetchRequest, p: Partition, fp: FetchPartitionRequest) -> ErrorCode:
         # Kafka checks the leader epoch before leadership (localLogOrException): a fetcher ahead of us
@@ -796,13 +794,15 @@ def _produce_result(tp: TopicPartition, code: ErrorCode, message: str = "") -> d
     return out
 
 
-def _fetch_error(tp: TopicPartition, code: ErrorCode, p: Partition | None = None) -> dict[str, Any]:
+def _fetch_error(tp: TopicPartition, code: ErrorCode, p: Partition | None = None, records: bytes = b"",
+                 ) -> dict[str, Any]:
+    """One partition's fetch answer: an error, or (``ErrorCode.NONE``) the records read."""
     return {
         "partition": tp.partition, "error": int(code),
         "high_watermark": p.state.high_watermark if p is not None else -1,
         "log_start_offset": p.log_start_offset if p is not None else -1,
         "log_end_offset": p.log_end_offset if p is not None else -1,
-        "diverging_epoch": None, "records": b"",
+        "diverging_epoch": None, "records": records,
     }
 
 
