@@ -148,13 +148,18 @@ async def _drive(address: str, body: bytes, requests: int, concurrency: int) -> 
         return time.perf_counter() - start, errors
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (Linux /proc); NaN elsewhere. Robust to other load on the machine."""
+def proc_counters(pid: int) -> tuple[float, int]:
+    """(user + system CPU seconds, minor page faults) of a process so far (Linux /proc); (NaN, 0) elsewhere.
+    Robust to other load on the machine."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])
     except (OSError, IndexError, ValueError):
-        return float("nan")
+        return float("nan"), 0
+
+
+def _cpu_seconds(pid: int) -> float:
+    return proc_counters(pid)[0]
 
 
 def _log_settings(retained_mb: int) -> list[str]:

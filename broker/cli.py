@@ -43,7 +43,8 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
 def _run_broker(args: argparse.Namespace) -> int:
     from broker.process import BrokerOptions, DataDirError, check_meta, parse_host_port, run
     from common.config import broker_config, parse_assignments
-    from common.logging import configure
+    from common.logging import configure, get_logger
+    from common.memory import MMAP_THRESHOLD, TRIM_THRESHOLD, keep_large_buffers
 
     # Errors are printed here rather than raised as cli.main.CliError: under ``python -m cli.main`` that
     # module runs as __main__, so its CliError class is not the one an import of cli.main would give us.
@@ -57,6 +58,9 @@ def _run_broker(args: argparse.Namespace) -> int:
         opts = BrokerOptions(args.node_id, host, port, args.controller, args.data_dir, advertise, config)
         check_meta(args.data_dir, args.node_id)  # refuse another node's data dir before anything starts
         configure("broker", args.node_id)
+        tuned = keep_large_buffers()  # before the first large buffer: see common/memory.py
+        get_logger("broker").info("allocator_thresholds", node_id=args.node_id, fixed=tuned,
+                                  mmap_threshold=MMAP_THRESHOLD, trim_threshold=TRIM_THRESHOLD)
         return int(asyncio.run(run(opts)))
     except DataDirError as exc:
         return _fail(str(exc))

@@ -8,8 +8,9 @@ the controller (LeaderAndIsr by hand, AlterPartition accepted as asked):
 
 both with batches of 1000 x 100-byte records, the same partitions, in
 alternating rounds (so background load hits both). The replication ratio is
-(2) / (1) in records/s (Kafka's published ratio for synchronous 3x replication
-is 0.51).
+(2) / (1) in records/s over all rounds; each round's own ratio is printed too.
+Kafka's published ratio for synchronous 3x replication is 0.51. The brokers'
+CPU time and minor page faults per batch come from ``/proc/<pid>/stat``.
 
 Requests in flight: as a Kafka producer (max.in.flight.requests.per.connection,
 default 5, one connection per broker), ``--in-flight-per-broker`` requests per
@@ -50,7 +51,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from broker.bench import _log_settings, stop_process, wait_for_endpoint
+from broker.bench import _log_settings, proc_counters, stop_process, wait_for_endpoint
 from common.config import ConfigError, broker_config, parse_assignments
 from common.http import RpcClient
 from common.wire import CONTENT_TYPE, decode, encode
@@ -154,15 +155,15 @@ async def fetch_requests(session: aiohttp.ClientSession, brokers: dict[int, Brok
     return total
 
 
-def cpu_seconds(brokers: dict[int, Broker]) -> float:
-    """User + system CPU time of every broker process so far (Linux /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
+def counters(brokers: dict[int, Broker]) -> tuple[float, int]:
+    """User + system CPU seconds and minor page faults of every broker process so far (Linux /proc)."""
+    cpu, faults = 0.0, 0
     for b in brokers.values():
-        with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{b.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+        one_cpu, one_faults = proc_counters(b.proc.pid)
+        if one_cpu == one_cpu:  # not NaN: the process is still there
+            cpu += one_cpu
+            faults += one_faults
+    return cpu, faults
 
 
 class Bench:
@@ -257,15 +258,22 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             # machine) weighs on both alike.
             single_s = repl_s = 0.0
             single_cpu = repl_cpu = 0.0
+            single_faults = repl_faults = 0
+            round_ratios: list[float] = []
             per_round = max(1, args.batches // args.rounds)
             for _ in range(args.rounds):
-                before = cpu_seconds(brokers)
-                single_s += await bench.produce("single", args.partitions, per_round, 1, *flight)
-                middle = cpu_seconds(brokers)
-                repl_s += await bench.produce("replicated", args.partitions, per_round, -1, *flight)
-                after = cpu_seconds(brokers)
-                single_cpu += middle - before
-                repl_cpu += after - middle
+                before = counters(brokers)
+                one_single = await bench.produce("single", args.partitions, per_round, 1, *flight)
+                middle = counters(brokers)
+                one_repl = await bench.produce("replicated", args.partitions, per_round, -1, *flight)
+                after = counters(brokers)
+                single_s += one_single
+                repl_s += one_repl
+                round_ratios.append(one_single / one_repl)
+                single_cpu += middle[0] - before[0]
+                repl_cpu += after[0] - middle[0]
+                single_faults += middle[1] - before[1]
+                repl_faults += after[1] - middle[1]
             fetches = await fetch_requests(session, brokers)
             moves = await leader_moves(bench, args)
         records = max(1, args.batches // args.rounds) * args.rounds * PER_BATCH
@@ -277,8 +285,12 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "single_rf1_acks1_records_per_s": round(records / single_s),
             "replicated_rf3_acksall_records_per_s": round(records / repl_s),
             "replication_ratio": round(single_s / repl_s, 3),
+            # each round's own ratio, lowest first: a single-broker round lasts ~0.1 s and its rate swings
+            "replication_ratio_per_round": [round(r, 3) for r in sorted(round_ratios)],
             "single_broker_cpu_ms_per_batch": round(single_cpu * 1000 / (records / PER_BATCH), 2),
             "replicated_brokers_cpu_ms_per_batch": round(repl_cpu * 1000 / (records / PER_BATCH), 2),
+            "single_broker_page_faults_per_batch": round(single_faults / (records / PER_BATCH), 1),
+            "replicated_brokers_page_faults_per_batch": round(repl_faults / (records / PER_BATCH), 1),
             "follower_fetches_per_replicated_batch": round(fetches / ((args.rounds * per_round + 10) * 2), 2),
             "single_mb_per_s": round(records * VALUE_BYTES / single_s / 1e6, 1),
             "replicated_mb_per_s": round(records * VALUE_BYTES / repl_s / 1e6, 1),

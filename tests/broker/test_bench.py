@@ -21,3 +21,19 @@ def test_perf_broker_runs(tmp_path: Path, bare: str, retained: str) -> None:
     assert [r[-1] for r in rows] == ["0", "0"]  # no errors from either target
     assert f"bare server: {bare}" in out.stdout
     assert "broker / bare request rate per round" in out.stdout
+
+
+def test_fetch_bench_prints_a_row_per_round() -> None:
+    out = subprocess.run([sys.executable, "-m", "broker.fetch_bench", "--fetches", "20", "--rounds", "2",
+                          "--batches", "5", "--max-bytes", "200000"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.splitlines() if line[:1].isdigit()]
+    assert [r[0] for r in rows] == ["1", "2"]
+    assert all(float(r[1]) > 100 for r in rows)  # KiB per fetch: the fetches carried records
+
+
+def test_fetch_bench_refuses_bad_sizes() -> None:
+    out = subprocess.run([sys.executable, "-m", "broker.fetch_bench", "--fetches", "0"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--fetches must be at least 1" in out.stderr and not out.stdout

@@ -102,6 +102,8 @@ async def test_sigterm_fails_waiting_produce_and_exits_0(tmp_path: Path, procs: 
         r = part(await asyncio.wait_for(waiting, 30))
         assert ErrorCode(r["error"]).retriable and r["error"] != 0
         assert b.events("broker_stopped")
+        # the broker fixed glibc's allocator thresholds at start (common/memory.py)
+        assert [e["fixed"] for e in b.events("allocator_thresholds")] == [True]
     finally:
         await rpc.close()
 
