@@ -158,10 +158,6 @@ def proc_counters(pid: int) -> tuple[float, int]:
         return float("nan"), 0
 
 
-def _cpu_seconds(pid: int) -> float:
-    return proc_counters(pid)[0]
-
-
 def _log_settings(retained_mb: int) -> list[str]:
     """Broker ``--set`` flags: a bounded log (segments of a quarter of ``retained_mb``, at most 64 MiB;
     retention checked every second), or one 1 GiB segment (Kafka's default size) when ``retained_mb``
@@ -200,12 +196,14 @@ async def _perf(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
                 assert decode(await resp.read())["error"] == 0
         for rnd in range(1, args.rounds + 1):  # alternate targets so background load hits both alike
             for name, addr, pid in (("bare aiohttp", bare_addr, bare.pid), ("broker", broker_addr, broker.pid)):
-                cpu0 = _cpu_seconds(pid)
+                cpu0, faults0 = proc_counters(pid)
                 seconds, errors = await _drive(addr, body, args.requests, args.concurrency)
-                cpu_us = (_cpu_seconds(pid) - cpu0) / args.requests * 1e6
+                cpu1, faults1 = proc_counters(pid)
+                cpu_us = (cpu1 - cpu0) / args.requests * 1e6
                 rows.append({"round": rnd, "target": name, "seconds": seconds, "errors": errors,
                              "req_s": args.requests / seconds, "records_s": args.requests * args.records / seconds,
-                             "mb_s": args.requests * len(body) / seconds / 1e6, "cpu_us": cpu_us})
+                             "mb_s": args.requests * len(body) / seconds / 1e6, "cpu_us": cpu_us,
+                             "faults": (faults1 - faults0) / args.requests})
     finally:
         stop_process(broker)
         stop_process(bare)
@@ -221,10 +219,10 @@ def run_perf(args: argparse.Namespace) -> int:
     print(f"produce: 1 partition, acks=1, {args.requests} requests of {args.records} x {args.record_size} B "
           f"records, {args.concurrency} in flight, {log}, bare server: {args.bare}, cpus={os.cpu_count()}")
     print(f"{'round':<7}{'target':<14}{'req/s':>10}{'records/s':>14}{'MB/s':>10}{'server CPU us/req':>19}"
-          f"{'errors':>8}")
+          f"{'faults/req':>12}{'errors':>8}")
     for r in rows:
         print(f"{r['round']:<7}{r['target']:<14}{r['req_s']:>10.0f}{r['records_s']:>14.0f}{r['mb_s']:>10.1f}"
-              f"{r['cpu_us']:>19.0f}{r['errors']:>8}")
+              f"{r['cpu_us']:>19.0f}{r['faults']:>12.1f}{r['errors']:>8}")
     ratios = sorted(rows[i + 1]["req_s"] / rows[i]["req_s"] for i in range(0, len(rows), 2))
     cpu = sorted(rows[i]["cpu_us"] / rows[i + 1]["cpu_us"] for i in range(0, len(rows), 2))
     print(f"broker / bare request rate per round: {', '.join(f'{x:.2f}' for x in ratios)}; "
