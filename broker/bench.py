@@ -211,6 +211,24 @@ async def _perf(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def summary(rows: list[dict[str, Any]]) -> list[str]:
+    """The closing lines: per-round broker/bare request-rate ratios and bare/broker CPU ratios, with medians.
+    ``rows`` alternate bare and broker rounds, as ``_perf`` returns them."""
+    ratios = sorted(rows[i + 1]["req_s"] / rows[i]["req_s"] for i in range(0, len(rows), 2))
+    # CPU time moves in 10 ms ticks: a short round can show none for the broker; such rounds are left out
+    cpu = sorted(rows[i]["cpu_us"] / rows[i + 1]["cpu_us"] for i in range(0, len(rows), 2)
+                 if rows[i + 1]["cpu_us"] > 0)
+    lines = [f"broker / bare request rate per round: {', '.join(f'{x:.2f}' for x in ratios)}; "
+             f"median {ratios[len(ratios) // 2]:.2f}"]
+    if cpu:
+        lines.append(f"bare / broker server CPU per request (rate ratio if CPU-bound and alone): "
+                     f"{', '.join(f'{x:.2f}' for x in cpu)}; median {cpu[len(cpu) // 2]:.2f}")
+    else:
+        lines.append("bare / broker server CPU per request: rounds too short to measure (CPU time moves in "
+                     "10 ms ticks)")
+    return lines
+
+
 def run_perf(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         work = args.data_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mb-perf-")))
@@ -223,12 +241,8 @@ def run_perf(args: argparse.Namespace) -> int:
     for r in rows:
         print(f"{r['round']:<7}{r['target']:<14}{r['req_s']:>10.0f}{r['records_s']:>14.0f}{r['mb_s']:>10.1f}"
               f"{r['cpu_us']:>19.0f}{r['faults']:>12.1f}{r['errors']:>8}")
-    ratios = sorted(rows[i + 1]["req_s"] / rows[i]["req_s"] for i in range(0, len(rows), 2))
-    cpu = sorted(rows[i]["cpu_us"] / rows[i + 1]["cpu_us"] for i in range(0, len(rows), 2))
-    print(f"broker / bare request rate per round: {', '.join(f'{x:.2f}' for x in ratios)}; "
-          f"median {ratios[len(ratios) // 2]:.2f}")
-    print(f"bare / broker server CPU per request (rate ratio if CPU-bound and alone): "
-          f"{', '.join(f'{x:.2f}' for x in cpu)}; median {cpu[len(cpu) // 2]:.2f}")
+    for line in summary(rows):
+        print(line)
     return 0
 
 

@@ -37,3 +37,17 @@ def test_fetch_bench_refuses_bad_sizes() -> None:
     out = subprocess.run([sys.executable, "-m", "broker.fetch_bench", "--fetches", "0"], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--fetches must be at least 1" in out.stderr and not out.stdout
+
+
+def test_summary_leaves_out_rounds_whose_cpu_did_not_register() -> None:
+    """CPU time moves in 10 ms ticks: a round of a few requests can show 0 for the broker (a division by
+    zero once ended ``perf broker`` in CI)."""
+    from broker.bench import summary
+
+    def row(req_s: float, cpu_us: float) -> dict[str, float]:
+        return {"req_s": req_s, "cpu_us": cpu_us}
+
+    lines = summary([row(1000, 100), row(500, 0.0), row(1000, 100), row(700, 200)])
+    assert lines[0] == "broker / bare request rate per round: 0.50, 0.70; median 0.70"
+    assert lines[1].endswith("0.50; median 0.50")
+    assert "too short to measure" in summary([row(1000, 0.0), row(500, 0.0)])[1]
