@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -160,7 +161,7 @@ def counters(brokers: dict[int, Broker]) -> tuple[float, int]:
     cpu, faults = 0.0, 0
     for b in brokers.values():
         one_cpu, one_faults = proc_counters(b.proc.pid)
-        if one_cpu == one_cpu:  # not NaN: the process is still there
+        if not math.isnan(one_cpu):  # NaN: the process is gone
             cpu += one_cpu
             faults += one_faults
     return cpu, faults
