@@ -35,7 +35,7 @@ was cancelled is closed, never reused, so a late answer can never be read as
 the answer to the next request. A pooled connection that the server closed
 while it was idle (aiohttp's keep-alive timeout, a restart) is dropped before
 any request is written on it: ``connection_lost`` marks it dead, and a
-non-blocking peek catches a close that the event loop has not read yet (one
+non-blocking poll catches a close that the event loop has not read yet (one
 cheap system call per request). After an HTTP error status the connection is
 closed too (the server may not have read the whole body). A request that
 was written is never sent again: a produce is not idempotent, so a connection
@@ -49,6 +49,7 @@ import collections
 import contextlib
 import ipaddress
 import json
+import select
 import socket
 from typing import Any
 
@@ -86,11 +87,11 @@ class _Connection(asyncio.Protocol):
     """
 
     __slots__ = ("_body", "_framed", "_headers_done", "_lost", "_parser", "_peer_eof", "alive", "answer",
-                 "content_type", "keep_alive", "sock", "status", "transport")
+                 "content_type", "keep_alive", "poller", "status", "transport")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
-        self.sock: socket.socket | None = None  # ours, for ``still_open``; the transport reads and writes it
+        self.poller: select.poll | None = None  # the transport's socket, for ``still_open``
         self.alive = True  # False once closed, closing, broken or sent something unasked
         self.answer: asyncio.Future[bytes] | None = None
         self.status = 0
@@ -108,16 +109,16 @@ class _Connection(asyncio.Protocol):
 
     def still_open(self) -> bool:
         """``usable``, and no close (or stray byte) from the server waiting in the socket that the
-        event loop has not read yet: one non-blocking peek, so that a connection the server closed
-        a moment ago (keep-alive timeout, restart) is dropped before a request is written on it."""
-        if not self.usable() or self.sock is None:
+        event loop has not read yet: one non-blocking ``poll``, so that a connection the server closed
+        a moment ago (keep-alive timeout, restart) is dropped before a request is written on it.
+
+        It polls the transport's own socket, registered when the connection was made, and keeps no
+        socket object of its own: only the transport ever closes the fd (an event loop that manages
+        fds itself, such as uvloop, would not know about a second owner)."""
+        if not self.usable() or self.poller is None:
             return False
-        try:
-            self.sock.recv(1, socket.MSG_PEEK)
-        except BlockingIOError:
+        if not self.poller.poll(0):
             return True
-        except OSError:
-            pass
         self.alive = False
         return False
 
@@ -146,6 +147,10 @@ class _Connection(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self._lost = asyncio.get_running_loop().create_future()
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            self.poller = select.poll()
+            self.poller.register(sock.fileno(), select.POLLIN | select.POLLPRI | select.POLLRDHUP)
 
     def data_received(self, data: bytes) -> None:
         answer = self.answer
@@ -306,7 +311,6 @@ class _Pool:
             except BaseException:
                 sock.close()
                 raise
-            conn.sock = sock
             return conn
         raise error
 

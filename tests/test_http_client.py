@@ -262,6 +262,20 @@ async def test_a_connection_the_server_closed_while_idle_is_replaced(client: Rpc
         assert resp["echo"] == {"i": 2} and rec.ports[1] != first_port
 
 
+async def test_a_close_the_event_loop_has_not_read_yet_is_caught_before_reuse(client: RpcClient) -> None:
+    rec = Recorder()
+    async with aiohttp_server(rec) as address:
+        await client.call(address, "echo", {"i": 1})
+        (conn,) = [c for pool in client._pools.values() for c in pool.idle]
+        assert conn.still_open()
+        # the server's FIN reaches the client's socket at once (loopback), but this task does not yield,
+        # so the event loop has not read it: only the poll in still_open can see it
+        rec.transports[0].get_extra_info("socket").shutdown(socket.SHUT_RDWR)
+        assert conn.usable() and not conn.still_open()
+        resp = await client.call(address, "echo", {"i": 2})
+        assert resp["echo"] == {"i": 2} and rec.ports[1] != rec.ports[0]
+
+
 async def test_calls_work_after_the_server_restarts_on_the_same_port(client: RpcClient) -> None:
     rec = Recorder()
     async with aiohttp_server(rec) as address:
