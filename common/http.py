@@ -51,7 +51,7 @@ import ipaddress
 import json
 import select
 import socket
-from typing import Any
+from typing import Any, cast
 
 import httptools
 
@@ -144,8 +144,8 @@ class _Connection(asyncio.Protocol):
     # asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport, though not necessarily a subclass of asyncio.Transport (uvloop's is not).
+        self.transport = cast(asyncio.Transport, transport)
         self._lost = asyncio.get_running_loop().create_future()
         sock = transport.get_extra_info("socket")
         if sock is not None:
