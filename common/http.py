@@ -75,6 +75,9 @@ class RpcBadRequest(RpcError):
 _JOIN_MAX_BYTES = 16 * 1024
 
 
+_POLLRDHUP = getattr(select, "POLLRDHUP", 0)  # Linux: the peer closed its side (POLLIN shows it too)
+
+
 class _Broken(ConnectionError):
     """The connection broke, or the response could not be parsed; the message says which."""
 
@@ -150,7 +153,7 @@ class _Connection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             self.poller = select.poll()
-            self.poller.register(sock.fileno(), select.POLLIN | select.POLLPRI | select.POLLRDHUP)
+            self.poller.register(sock.fileno(), select.POLLIN | select.POLLPRI | _POLLRDHUP)
 
     def data_received(self, data: bytes) -> None:
         answer = self.answer
