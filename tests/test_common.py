@@ -1,3 +1,4 @@
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -79,7 +80,7 @@ print(fixed, (faults() - before) / 50)
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt, /proc")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt and its default thresholds")
 def test_keep_large_buffers_reuses_freed_memory_instead_of_faulting_it_in_again() -> None:
     """glibc's defaults hand 4 freed MiB back to the kernel (the heap top is trimmed above twice the
     dynamic mmap threshold), so every round faults ~1000 fresh pages in; with the thresholds fixed
