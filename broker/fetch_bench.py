@@ -20,12 +20,10 @@ from typing import Any
 
 from common.http import RpcClient
 
-PER_BATCH = 1000
-
 
 async def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     from broker.bench import proc_counters, stop_process
-    from fetcher.bench import Bench, StubController, spawn_broker
+    from fetcher.bench import PER_BATCH, Bench, StubController, spawn_broker
 
     controller = StubController()
     await controller.start()
