@@ -603,20 +603,20 @@ class ReplicaManager:
                         *, min_one: bool, update_follower: bool) -> dict[str, Any]:
         p = self.partitions.get(tp)
         if p is None:
-            return _fetch_error(tp, self._unknown_or_not_leader(tp))
+            return _fetch_answer(tp, self._unknown_or_not_leader(tp))
         code = self._check_fetch_partition(req, p, fp)
         if code is not ErrorCode.NONE:
-            return _fetch_error(tp, code, p)
+            return _fetch_answer(tp, code, p)
         the_log = p.log
         diverging = self._diverging_epoch(p, fp)
         if diverging is not None:
-            out = _fetch_error(tp, ErrorCode.NONE, p)
+            out = _fetch_answer(tp, ErrorCode.NONE, p)
             out["diverging_epoch"] = diverging
             return out
         leo = the_log.log_end_offset
         offset = fp.fetch_offset
         if offset > leo or offset < the_log.log_start_offset:
-            return _fetch_error(tp, ErrorCode.OFFSET_OUT_OF_RANGE, p)
+            return _fetch_answer(tp, ErrorCode.OFFSET_OUT_OF_RANGE, p)
         max_offset = None if req.is_follower else p.state.high_watermark
         records: bytes = b""
         limit = budget if budget < fp.partition_max_bytes else fp.partition_max_bytes
@@ -625,10 +625,10 @@ class ReplicaManager:
                 # The segment's own buffer (bytes from pread): no copy before the response encoder.
                 records = the_log.read(offset, limit, max_offset, min_one).records
             except MinibrokerError as exc:  # OffsetOutOfRangeError, StorageError
-                return _fetch_error(tp, exc.code, p)
+                return _fetch_answer(tp, exc.code, p)
         if update_follower and req.is_follower:
             self._update_follower(p, req, fp)
-        return _fetch_error(tp, ErrorCode.NONE, p, records)
+        return _fetch_answer(tp, ErrorCode.NONE, p, records)
 
     def _check_fetch_partition(self, req: FetchRequest, p: Partition, fp: FetchPartitionRequest) -> ErrorCode:
         # Kafka checks the leader epoch before leadership (localLogOrException): a fetcher ahead of us
@@ -794,7 +794,7 @@ def _produce_result(tp: TopicPartition, code: ErrorCode, message: str = "") -> d
     return out
 
 
-def _fetch_error(tp: TopicPartition, code: ErrorCode, p: Partition | None = None, records: bytes = b"",
+def _fetch_answer(tp: TopicPartition, code: ErrorCode, p: Partition | None = None, records: bytes = b"",
                  ) -> dict[str, Any]:
     """One partition's fetch answer: an error, or (``ErrorCode.NONE``) the records read."""
     return {
