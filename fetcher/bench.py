@@ -58,6 +58,7 @@ from aiohttp import web
 
 from broker.bench import _log_settings, proc_counters, stop_process, wait_for_endpoint
 from common.config import ConfigError, broker_config, parse_assignments
+from common.cpu_quota import CpuQuotaError, CpuQuotas, cpu_cgroup_of, quota_us
 from common.http import RpcClient
 from common.wire import CONTENT_TYPE, decode, encode
 
@@ -248,10 +249,15 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     sets = {"replica.fetch.wait.max.ms": args.fetch_wait_ms, "replica.lag.time.max.ms": 30_000}
     overrides = [flag for key, value in args.set.items() for flag in ("--set", f"{key}={value}")]
     brokers: dict[int, Broker] = {}
+    quotas: CpuQuotas | None = None
     try:
+        if args.cpu_per_broker:
+            quotas = CpuQuotas.create(f"minibroker-bench-{os.getpid()}")
         for n in (1, 2, 3, 4):
             brokers[n] = await asyncio.to_thread(spawn_broker, n, work, controller.address, sets,
                                                  _log_settings(args.retained_mb) + overrides)
+            if quotas is not None:
+                quotas.limit(brokers[n].proc.pid, args.cpu_per_broker, f"broker{n}")
         rpc = RpcClient(limit_per_host=64, timeout_s=60.0)
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(rpc.close)
@@ -288,6 +294,8 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             moves = await leader_moves(bench, args)
         records = max(1, args.batches // args.rounds) * args.rounds * PER_BATCH
         result = {
+            "cpu_per_broker": args.cpu_per_broker or "unlimited",
+            **({"broker_cgroups": {n: cpu_cgroup_of(b.proc.pid) for n, b in brokers.items()}} if quotas else {}),
             "in_flight": (f"{args.in_flight} in all" if args.in_flight
                           else f"{args.in_flight_per_broker} per leader broker"),
             "log": f"bounded at {args.retained_mb} MiB" if args.retained_mb > 0 else "unbounded (one growing segment)",
@@ -308,6 +316,9 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         for b in brokers.values():
             await asyncio.to_thread(stop_process, b.proc)
         await controller.close()
+        if quotas is not None:
+            for left in quotas.remove():
+                print(f"fetcher.bench: could not remove cgroup {left}", file=sys.stderr)
 
 
 def cpu_figures(single_use: dict[int, list[float]], repl_use: dict[int, list[float]],
@@ -399,19 +410,30 @@ def main(argv: list[str] | None = None) -> int:
                         help="a broker config for every broker (repeatable), e.g. --set "
                              "replica.fetch.min.bytes=200000; applied last, so it wins over --fetch-wait-ms "
                              "and --retained-mb")
+    parser.add_argument("--cpu-per-broker", type=float, default=0.0, metavar="CORES",
+                        help="limit every broker process to this many CPUs (e.g. 0.5) with a cgroup CPU quota "
+                             "(needs root): the same CPU for each broker in both setups, as brokers on equal "
+                             "machines of their own; 3 x CORES plus the producer should fit into the machine's "
+                             "cores. Default: no limit")
     parser.add_argument("--work-dir", type=Path, help="keep data dirs and broker logs here (default: a temp dir)")
     args = parser.parse_args(argv)
     try:
         args.set = parse_assignments(args.set)
         broker_config(args.set)  # a typo or a bad value stops here, not in four broker processes
-    except ConfigError as exc:
+        if args.cpu_per_broker:
+            quota_us(args.cpu_per_broker)
+    except (ConfigError, ValueError) as exc:
         parser.error(str(exc))
-    if args.work_dir is not None:
-        args.work_dir.mkdir(parents=True, exist_ok=False)
-        result = asyncio.run(run(args, args.work_dir))
-    else:
-        with tempfile.TemporaryDirectory(prefix="fetcher-bench-") as tmp:
-            result = asyncio.run(run(args, Path(tmp)))
+    try:
+        if args.work_dir is not None:
+            args.work_dir.mkdir(parents=True, exist_ok=False)
+            result = asyncio.run(run(args, args.work_dir))
+        else:
+            with tempfile.TemporaryDirectory(prefix="fetcher-bench-") as tmp:
+                result = asyncio.run(run(args, Path(tmp)))
+    except CpuQuotaError as exc:
+        print(f"fetcher.bench: --cpu-per-broker: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(result, indent=2))
     return 0
 

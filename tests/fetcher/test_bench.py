@@ -4,12 +4,14 @@ figures are computed right from made-up per-broker counters."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from common.cpu_quota import CpuQuotaError, CpuQuotas
 from fetcher.bench import cpu_figures
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,10 +55,32 @@ def test_cpu_figures_per_broker() -> None:
     assert cpu_figures(single, repl_idle, 10)["replication_ratio_estimate_one_core_per_broker"] is None
 
 
-@pytest.mark.parametrize("setting, message", [("no.such.config=1", "unknown config 'no.such.config'"),
-                                              ("replica.fetch.min.bytes=lots", "expected an integer"),
-                                              ("novalue", "expected key=value")])
-def test_fetcher_bench_refuses_bad_settings(setting: str, message: str) -> None:
-    out = subprocess.run([sys.executable, "-m", "fetcher.bench", "--set", setting], cwd=REPO, capture_output=True,
+@pytest.mark.parametrize("args, message", [(["--set", "no.such.config=1"], "unknown config 'no.such.config'"),
+                                           (["--set", "replica.fetch.min.bytes=lots"], "expected an integer"),
+                                           (["--set", "novalue"], "expected key=value"),
+                                           (["--cpu-per-broker", "0.01"], "0.01 CPUs: give between 0.1 and")])
+def test_fetcher_bench_refuses_bad_settings(args: list[str], message: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "fetcher.bench", *args], cwd=REPO, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 2 and message in out.stderr and not out.stdout
+
+
+def test_fetcher_bench_with_a_cpu_quota_per_broker(tmp_path: Path) -> None:
+    """Where this process may create cgroups: every broker runs under the quota, which is gone afterwards."""
+    try:
+        probe = CpuQuotas.create(f"minibroker-test-{os.getpid()}")
+    except CpuQuotaError as exc:
+        pytest.skip(f"cannot create cgroups here: {exc}")
+    probe.remove()
+    groups = probe.parent.parent
+    out = subprocess.run([sys.executable, "-m", "fetcher.bench", "--batches", "6", "--rounds", "2", "--moves", "0",
+                          "--cpu-per-broker", "0.5", "--work-dir", str(tmp_path / "work")],
+                         cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["cpu_per_broker"] == 0.5 and result["replication_ratio"] > 0
+    # the kernel put each broker process in its own child cgroup; they all went away with the brokers
+    assert sorted(result["broker_cgroups"]) == ["1", "2", "3", "4"]
+    for n, group in result["broker_cgroups"].items():
+        assert "/minibroker-bench-" in group and group.endswith(f"/broker{n}")
+    assert not list(groups.glob("minibroker-bench-*"))
