@@ -14,7 +14,10 @@ CPU time and minor page faults per batch come from ``/proc/<pid>/stat``.
 On this machine the 3 brokers share 2 cores with the producer, so the run also
 prints an estimate for brokers with a core each, bound by their CPU (Kafka's
 figure comes from separate machines): the single broker's CPU per batch over
-the busiest replicated broker's. The estimate does not replace the measured ratio.
+the busiest replicated broker's. ``--cpu-per-broker CORES`` measures that case
+instead of estimating it: every broker process, the single one included, is held
+to the same cgroup CPU quota (``common/cpu_quota.py``; needs root), small enough
+that the 3 replicated brokers and the producer fit into the machine's cores.
 
 Requests in flight: as a Kafka producer (max.in.flight.requests.per.connection,
 default 5, one connection per broker), ``--in-flight-per-broker`` requests per
