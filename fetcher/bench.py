@@ -61,7 +61,7 @@ from aiohttp import web
 
 from broker.bench import _log_settings, proc_counters, stop_process, wait_for_endpoint
 from common.config import ConfigError, broker_config, parse_assignments
-from common.cpu_quota import CpuQuotaError, CpuQuotas, cpu_cgroup_of, quota_us
+from common.cpu_quota import CGROUP_ROOT, CpuQuotaError, CpuQuotas, cpu_cgroup_of, quota_us
 from common.http import RpcClient
 from common.wire import CONTENT_TYPE, decode, encode
 
@@ -255,7 +255,7 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     quotas: CpuQuotas | None = None
     try:
         if args.cpu_per_broker:
-            quotas = CpuQuotas.create(f"minibroker-bench-{os.getpid()}")
+            quotas = CpuQuotas.create(f"minibroker-bench-{os.getpid()}", root=args.cgroup_root)
         for n in (1, 2, 3, 4):
             brokers[n] = await asyncio.to_thread(spawn_broker, n, work, controller.address, sets,
                                                  _log_settings(args.retained_mb) + overrides)
@@ -418,6 +418,10 @@ def main(argv: list[str] | None = None) -> int:
                              "(needs root): the same CPU for each broker in both setups, as brokers on equal "
                              "machines of their own; 3 x CORES plus the producer should fit into the machine's "
                              "cores. Default: no limit")
+    parser.add_argument("--cgroup-root", type=Path, default=CGROUP_ROOT, metavar="DIR",
+                        help="where --cpu-per-broker makes its cgroups: cgroup v2, a cgroup with the cpu controller "
+                             "(a subtree delegated to you works without root); v1, the directory holding the cpu "
+                             "hierarchy (default: %(default)s)")
     parser.add_argument("--work-dir", type=Path, help="keep data dirs and broker logs here (default: a temp dir)")
     args = parser.parse_args(argv)
     try:

@@ -65,6 +65,15 @@ def test_fetcher_bench_refuses_bad_settings(args: list[str], message: str) -> No
     assert out.returncode == 2 and message in out.stderr and not out.stdout
 
 
+def test_fetcher_bench_without_cgroups_says_so_and_starts_nothing(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "fetcher.bench", "--cpu-per-broker", "0.5",
+                          "--cgroup-root", str(tmp_path / "no-cgroups"), "--work-dir", str(tmp_path / "work")],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and not out.stdout
+    assert "--cpu-per-broker: no cgroup cpu controller under" in out.stderr
+    assert not list((tmp_path / "work").iterdir())  # no broker was started
+
+
 def test_fetcher_bench_with_a_cpu_quota_per_broker(tmp_path: Path) -> None:
     """Where this process may create cgroups: every broker runs under the quota, which is gone afterwards."""
     try:
