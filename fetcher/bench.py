@@ -415,13 +415,14 @@ def main(argv: list[str] | None = None) -> int:
                              "and --retained-mb")
     parser.add_argument("--cpu-per-broker", type=float, default=0.0, metavar="CORES",
                         help="limit every broker process to this many CPUs (e.g. 0.5) with a cgroup CPU quota "
-                             "(needs root): the same CPU for each broker in both setups, as brokers on equal "
+                             "(needs root, or a delegated cgroup: --cgroup-root): the same CPU for each broker in both "
+                             "setups, as brokers on equal "
                              "machines of their own; 3 x CORES plus the producer should fit into the machine's "
                              "cores. Default: no limit")
     parser.add_argument("--cgroup-root", type=Path, default=CGROUP_ROOT, metavar="DIR",
-                        help="where --cpu-per-broker makes its cgroups: cgroup v2, a cgroup with the cpu controller "
-                             "(a subtree delegated to you works without root); v1, the directory holding the cpu "
-                             "hierarchy (default: %(default)s)")
+                        help="where --cpu-per-broker makes its cgroups: cgroup v2, a cgroup whose cpu controller this "
+                             "user may enable (root, or a subtree delegated to the user); v1, the directory "
+                             "holding the cpu hierarchy (default: %(default)s)")
     parser.add_argument("--work-dir", type=Path, help="keep data dirs and broker logs here (default: a temp dir)")
     args = parser.parse_args(argv)
     try:
