@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from common.cpu_quota import CpuQuotaError, CpuQuotas
 
 
 @pytest.fixture(scope="session")
@@ -30,3 +35,29 @@ def reset_structlog() -> Iterator[None]:
     import structlog
 
     structlog.reset_defaults()
+
+
+@pytest.fixture
+def cpu_quotas() -> Iterator[CpuQuotas]:
+    """A parent cgroup for CPU quotas, skipping the test where this process may not make cgroups or move a
+    process into one (no root, no cpu controller, a container's read-only cgroup tree); removed afterwards."""
+    try:
+        quotas = CpuQuotas.create(f"minibroker-test-{os.getpid()}")
+    except CpuQuotaError as exc:
+        pytest.skip(f"cannot create cgroups here: {exc}")
+    probe = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        quotas.limit(probe.pid, 0.5, "probe")
+        refused = None
+    except CpuQuotaError as exc:
+        refused = exc
+    finally:
+        probe.kill()
+        probe.wait()
+    if refused is not None:
+        quotas.remove()
+        pytest.skip(f"cannot limit a process here: {refused}")
+    try:
+        yield quotas
+    finally:
+        quotas.remove()

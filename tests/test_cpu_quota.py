@@ -58,18 +58,10 @@ def test_quota_bounds() -> None:
             quota_us(cores)
 
 
-def _quotas_or_skip() -> CpuQuotas:
-    try:
-        return CpuQuotas.create(f"minibroker-test-{os.getpid()}")
-    except CpuQuotaError as exc:
-        pytest.skip(f"cannot create cgroups here: {exc}")
-
-
-def test_a_busy_process_is_held_to_its_quota() -> None:
-    quotas = _quotas_or_skip()
+def test_a_busy_process_is_held_to_its_quota(cpu_quotas: CpuQuotas) -> None:
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        quotas.limit(busy.pid, 0.2, "busy")
+        cpu_quotas.limit(busy.pid, 0.2, "busy")
         cpu0, _ = proc_counters(busy.pid)
         start = time.monotonic()
         time.sleep(1.0)
@@ -80,5 +72,5 @@ def test_a_busy_process_is_held_to_its_quota() -> None:
         busy.wait()
     # a busy loop takes a whole core unless limited; 0.2 core leaves it well under half of the wall time
     assert 0 < cpu - cpu0 < 0.5 * elapsed
-    assert quotas.remove() == []
-    assert not quotas.parent.exists()
+    assert cpu_quotas.remove() == []
+    assert not cpu_quotas.parent.exists()

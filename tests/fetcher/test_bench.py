@@ -4,14 +4,13 @@ figures are computed right from made-up per-broker counters."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from common.cpu_quota import CpuQuotaError, CpuQuotas
+from common.cpu_quota import CpuQuotas
 from fetcher.bench import cpu_figures
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,14 +73,9 @@ def test_fetcher_bench_without_cgroups_says_so_and_starts_nothing(tmp_path: Path
     assert not list((tmp_path / "work").iterdir())  # no broker was started
 
 
-def test_fetcher_bench_with_a_cpu_quota_per_broker(tmp_path: Path) -> None:
+def test_fetcher_bench_with_a_cpu_quota_per_broker(tmp_path: Path, cpu_quotas: CpuQuotas) -> None:
     """Where this process may create cgroups: every broker runs under the quota, which is gone afterwards."""
-    try:
-        probe = CpuQuotas.create(f"minibroker-test-{os.getpid()}")
-    except CpuQuotaError as exc:
-        pytest.skip(f"cannot create cgroups here: {exc}")
-    probe.remove()
-    groups = probe.parent.parent
+    groups = cpu_quotas.parent.parent
     out = subprocess.run([sys.executable, "-m", "fetcher.bench", "--batches", "6", "--rounds", "2", "--moves", "0",
                           "--cpu-per-broker", "0.5", "--work-dir", str(tmp_path / "work")],
                          cwd=REPO, capture_output=True, text=True, timeout=180)
