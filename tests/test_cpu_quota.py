@@ -29,10 +29,10 @@ def test_v1_layout_gets_period_quota_and_process(tmp_path: Path) -> None:
 def test_v2_layout_enables_the_controller_and_writes_cpu_max(tmp_path: Path) -> None:
     (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
     quotas = CpuQuotas.create("bench-2", root=tmp_path)
-    quotas.limit(99, 1.5, "broker4")
+    quotas.limit(99, 0.75, "broker4")  # at most 1 CPU: CI machines may have only one
     assert (tmp_path / "cgroup.subtree_control").read_text() == "+cpu"
     assert (tmp_path / "bench-2" / "cgroup.subtree_control").read_text() == "+cpu"
-    assert (tmp_path / "bench-2" / "broker4" / "cpu.max").read_text() == f"{PERIOD_US * 3 // 2} {PERIOD_US}"
+    assert (tmp_path / "bench-2" / "broker4" / "cpu.max").read_text() == f"{PERIOD_US * 3 // 4} {PERIOD_US}"
     assert (tmp_path / "bench-2" / "broker4" / "cgroup.procs").read_text() == "99"
 
 
