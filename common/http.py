@@ -291,7 +291,9 @@ class _Pool:
         return conn
 
     async def _connect(self) -> _Connection:
-        """Connect a socket of our own (``create_connection`` would keep it from us), trying each address."""
+        """Connect to each address in turn; a failure raises the last address's own error (for a refused
+        port, ``ConnectionRefusedError``), where ``create_connection(host, port)`` would fold the errors of
+        several addresses into one "Multiple exceptions" ``OSError``."""
         loop = asyncio.get_running_loop()
         try:  # an IP address needs no resolver (whose thread pool would cost more than the connect)
             ip = ipaddress.ip_address(self.host)
