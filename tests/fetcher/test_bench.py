@@ -40,15 +40,17 @@ def test_fetcher_bench_runs(tmp_path: Path, flight: list[str], retained: str) ->
 
 
 def test_cpu_figures_per_broker() -> None:
-    """Broker 4 leads alone in the single phase; the estimate divides its CPU by the busiest of brokers 1-3."""
-    single = {1: [0.01, 10.0], 2: [0.0, 0.0], 3: [0.0, 0.0], 4: [0.25, 40.0]}
+    """Broker 4 leads alone in the single phase (what brokers 1-3 spend meanwhile is reported apart); the
+    estimate divides its CPU by the busiest of brokers 1-3."""
+    single = {1: [0.01, 10.0], 2: [0.02, 0.0], 3: [0.0, 0.0], 4: [0.25, 400.0]}
     repl = {1: [0.30, 100.0], 2: [0.45, 200.0], 3: [0.25, 300.0], 4: [0.0, 0.0]}
     figures = cpu_figures(single, repl, 1000)
-    assert figures["single_broker_cpu_ms_per_batch"] == 0.26
+    assert figures["single_broker_cpu_ms_per_batch"] == 0.25
+    assert figures["idle_replicated_brokers_cpu_ms_per_single_batch"] == 0.03
     assert figures["replicated_brokers_cpu_ms_per_batch"] == 1.0
     assert figures["busiest_replicated_broker_cpu_ms_per_batch"] == 0.45
     assert figures["replication_ratio_estimate_one_core_per_broker"] == 0.556
-    assert figures["single_broker_page_faults_per_batch"] == 0.1
+    assert figures["single_broker_page_faults_per_batch"] == 0.4
     assert figures["replicated_brokers_page_faults_per_batch"] == 0.6
     repl_idle = {n: [0.0, 0.0] for n in (1, 2, 3, 4)}  # a run too short for a 10 ms CPU tick
     assert cpu_figures(single, repl_idle, 10)["replication_ratio_estimate_one_core_per_broker"] is None
