@@ -57,7 +57,9 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _defs(
               None, 1),
     ConfigDef("num.replica.fetchers", int, 1, "fetcher tasks per source broker", None, 1),
     ConfigDef("replica.fetch.wait.max.ms", int, 500, "follower fetch long-poll wait", None, 0),
-    ConfigDef("replica.fetch.min.bytes", int, 1, "follower fetch min bytes", None, 1),
+    ConfigDef("replica.fetch.min.bytes", int, 1,
+              "follower fetch waits at the leader for this many bytes (at most replica.fetch.wait.max.ms): "
+              "fewer, larger fetches for throughput, slower acks=all under light load", None, 1),
     ConfigDef("replica.fetch.max.bytes", int, 1024 * 1024, "follower fetch bytes per partition", None, 1),
     ConfigDef("replica.fetch.response.max.bytes", int, 10 * 1024 * 1024, "follower fetch bytes per response",
               None, 1),

@@ -34,8 +34,9 @@ the two brokers ~0.4 ms of CPU. Kafka's throughput setting for this is a larger
 replica.fetch.min.bytes with a short wait: ``--set
 replica.fetch.min.bytes=430000 --fetch-wait-ms 10`` makes each fetch wait for 4
 of the producer's 5 batches in flight (more than 5 would stall every round trip
-for the whole wait), at the cost of up to 2 x 10 ms more per acks=all produce
-under light load and idle followers polling every 10 ms.
+for the whole wait). Its price is latency under light load (``minibroker perf
+e2e`` at 100 records/s, acks=all: p50 2.4 ms at the defaults, 18.5 ms with it)
+and idle followers polling every 10 ms, so the brokers' defaults stay Kafka's.
 
 Logs: bounded as at a broker's steady state (``--retained-mb``, as ``minibroker
 perf broker``: 64 MiB segments, retention checked every second), or one growing
