@@ -4,7 +4,11 @@ Both servers run as separate processes on 127.0.0.1; the same client (one
 keep-alive aiohttp session, ``--concurrency`` requests in flight) sends the
 same produce bodies (one batch of ``--records`` x ``--record-size`` bytes,
 acks=1, one partition) to each in the same run. The bare server reads the body
-and answers a tiny msgpack map. Figures are printed, never asserted.
+and answers a tiny msgpack map. Figures are printed, never asserted. Per round,
+each server's and the client's CPU per request and how busy each kept its CPU
+(CPU seconds per second): whichever is near 100 % sets the rate, and the other
+side sleeps between requests, so the busy one also pays for waking it (see
+docs/benchmarks/broker.md).
 
 ``python -m broker.bench bare DIR app|lowlevel`` runs the bare server (writes DIR/endpoint).
 """
@@ -197,13 +201,15 @@ async def _perf(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
         for rnd in range(1, args.rounds + 1):  # alternate targets so background load hits both alike
             for name, addr, pid in (("bare aiohttp", bare_addr, bare.pid), ("broker", broker_addr, broker.pid)):
                 cpu0, faults0 = proc_counters(pid)
+                client0 = time.process_time()
                 seconds, errors = await _drive(addr, body, args.requests, args.concurrency)
+                client_us = (time.process_time() - client0) / args.requests * 1e6
                 cpu1, faults1 = proc_counters(pid)
                 cpu_us = (cpu1 - cpu0) / args.requests * 1e6
                 rows.append({"round": rnd, "target": name, "seconds": seconds, "errors": errors,
                              "req_s": args.requests / seconds, "records_s": args.requests * args.records / seconds,
                              "mb_s": args.requests * len(body) / seconds / 1e6, "cpu_us": cpu_us,
-                             "faults": (faults1 - faults0) / args.requests})
+                             "faults": (faults1 - faults0) / args.requests, "client_us": client_us})
     finally:
         stop_process(broker)
         stop_process(bare)
@@ -237,10 +243,12 @@ def run_perf(args: argparse.Namespace) -> int:
     print(f"produce: 1 partition, acks=1, {args.requests} requests of {args.records} x {args.record_size} B "
           f"records, {args.concurrency} in flight, {log}, bare server: {args.bare}, cpus={os.cpu_count()}")
     print(f"{'round':<7}{'target':<14}{'req/s':>10}{'records/s':>14}{'MB/s':>10}{'server CPU us/req':>19}"
-          f"{'faults/req':>12}{'errors':>8}")
+          f"{'faults/req':>12}{'client CPU us/req':>19}{'server busy':>13}{'client busy':>13}{'errors':>8}")
     for r in rows:
+        # busy: CPU seconds per second, as % of one CPU; the side near 100 % is the one that sets the rate
         print(f"{r['round']:<7}{r['target']:<14}{r['req_s']:>10.0f}{r['records_s']:>14.0f}{r['mb_s']:>10.1f}"
-              f"{r['cpu_us']:>19.0f}{r['faults']:>12.1f}{r['errors']:>8}")
+              f"{r['cpu_us']:>19.0f}{r['faults']:>12.1f}{r['client_us']:>19.0f}"
+              f"{r['cpu_us'] * r['req_s'] / 1e4:>12.0f}%{r['client_us'] * r['req_s'] / 1e4:>12.0f}%{r['errors']:>8}")
     for line in summary(rows):
         print(line)
     return 0

@@ -19,6 +19,10 @@ def test_perf_broker_runs(tmp_path: Path, bare: str, retained: str) -> None:
     assert out.returncode == 0, out.stderr
     rows = [line.split() for line in out.stdout.splitlines() if line.startswith("1 ")]
     assert [r[-1] for r in rows] == ["0", "0"]  # no errors from either target
+    # round, target (2 words for the bare server), rate, records, MB, server CPU, faults, client CPU, 2 busy
+    assert [len(r) for r in rows] == [12, 11]
+    assert all(r[-3].endswith("%") and r[-2].endswith("%") for r in rows)
+    assert "client CPU us/req" in out.stdout
     assert f"bare server: {bare}" in out.stdout
     assert "broker / bare request rate per round" in out.stdout
 
