@@ -1,13 +1,48 @@
-"""Prometheus metrics of one broker (its own registry, so several brokers can live in one test process)."""
+"""Prometheus metrics of one broker (its own registry, so several brokers can live in one test process).
+
+The series counted on every produce and fetch (requests, latency, bytes and
+messages in and out) are plain integers and floats that a collector turns into
+Prometheus families at scrape time. prometheus-client's ``Counter.inc`` and
+``Histogram.observe`` take a lock and check their arguments on each call: about
+2 us of Python per produce request, measured in a loop, and five times that
+inside a loaded broker (docs/benchmarks/broker.md, tenth session). All of them
+are updated and scraped on the broker's event loop thread, so they need no lock.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 API_NAMES = ("produce", "fetch", "list_offsets", "offsets_for_leader_epoch", "metadata", "leader_and_isr",
              "stop_replica", "update_metadata")
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_BUCKET_LABELS = (*(repr(b) for b in LATENCY_BUCKETS), "+Inf")  # as prometheus-client writes them: "1.0"
+
+
+class RequestStats:
+    """Requests of one API by HTTP status, and their latency histogram."""
+
+    __slots__ = ("bad", "buckets", "ok", "seconds")
+
+    def __init__(self) -> None:
+        self.ok = 0
+        self.bad = 0
+        self.buckets = [0] * (len(LATENCY_BUCKETS) + 1)  # per bucket, not cumulative; the last is +Inf
+        self.seconds = 0.0
+
+    def observe(self, ok: bool, seconds: float) -> None:
+        if ok:
+            self.ok += 1
+        else:
+            self.bad += 1
+        # the first bound >= seconds: Prometheus buckets are "less than or equal"
+        self.buckets[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.seconds += seconds
 
 
 class BrokerMetrics:
@@ -16,14 +51,11 @@ class BrokerMetrics:
         r = self.registry
         self.isr_shrinks = Counter("minibroker_isr_shrinks", "ISR shrinks committed", registry=r)
         self.isr_expands = Counter("minibroker_isr_expands", "ISR expansions committed", registry=r)
-        self.bytes_in = Counter("minibroker_bytes_in", "record bytes appended as leader", registry=r)
-        self.bytes_out = Counter("minibroker_bytes_out", "record bytes sent by fetch", registry=r)
-        self.messages_in = Counter("minibroker_messages_in", "records appended as leader", registry=r)
-        self.requests = Counter("minibroker_requests", "requests per API and HTTP status", ["api", "status"],
-                                registry=r)
-        self.latency = Histogram("minibroker_request_latency_seconds", "request latency per API", ["api"],
-                                 registry=r, buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                                      0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
+        self.bytes_in = 0  # record bytes appended as leader
+        self.bytes_out = 0  # record bytes sent by fetch
+        self.messages_in = 0  # records appended as leader
+        self.requests = {api: RequestStats() for api in API_NAMES}
+        r.register(_Collector(self))
         self.under_replicated = Gauge("minibroker_under_replicated_partitions",
                                       "led partitions with ISR smaller than the replica set", registry=r)
         self.offline = Gauge("minibroker_offline_partitions", "partitions with no leader (metadata)", registry=r)
@@ -40,3 +72,30 @@ class BrokerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _Collector:
+    """The plain counters of a ``BrokerMetrics`` as Prometheus families."""
+
+    def __init__(self, metrics: BrokerMetrics) -> None:
+        self._m = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._m
+        yield CounterMetricFamily("minibroker_bytes_in", "record bytes appended as leader", value=m.bytes_in)
+        yield CounterMetricFamily("minibroker_bytes_out", "record bytes sent by fetch", value=m.bytes_out)
+        yield CounterMetricFamily("minibroker_messages_in", "records appended as leader", value=m.messages_in)
+        requests = CounterMetricFamily("minibroker_requests", "requests per API and HTTP status",
+                                       labels=["api", "status"])
+        latency = HistogramMetricFamily("minibroker_request_latency_seconds", "request latency per API",
+                                        labels=["api"])
+        for api, stats in m.requests.items():
+            requests.add_metric([api, "200"], stats.ok)
+            requests.add_metric([api, "400"], stats.bad)
+            cumulative, buckets = 0, []
+            for label, count in zip(_BUCKET_LABELS, stats.buckets, strict=True):
+                cumulative += count
+                buckets.append((label, cumulative))
+            latency.add_metric([api], buckets, sum_value=stats.seconds)
+        yield requests
+        yield latency

@@ -508,8 +508,9 @@ class ReplicaManager:
             log.exception("append_failed", broker_id=self.broker_id, topic=tp.topic, partition=tp.partition,
                           error=str(exc))
             return _produce_result(tp, ErrorCode.KAFKA_STORAGE_ERROR, str(exc))
-        self.metrics.bytes_in.inc(len(records))
-        self.metrics.messages_in.inc(sum(h.record_count for h in headers))
+        metrics = self.metrics
+        metrics.bytes_in += len(records)
+        metrics.messages_in += info.num_records
         if acks == -1:
             waits[tp] = ProduceWait(p.state.leader_epoch, info.last_offset + 1)
         self.fetch_purgatory.check_and_complete(tp)  # followers long-polling for new data
@@ -562,7 +563,7 @@ class ReplicaManager:
             return {"error": int(ErrorCode.STALE_BROKER_EPOCH), "topics": []}
         results, total, errored = self._read_all(req, first=True)
         if req.max_wait_ms == 0 or total >= req.min_bytes or errored or not req.partitions or self._closing:
-            self.metrics.bytes_out.inc(total)
+            self.metrics.bytes_out += total
             return _fetch_response(results)
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         deadline = self.clock.monotonic_ms() + req.max_wait_ms
@@ -570,7 +571,7 @@ class ReplicaManager:
         if not self.fetch_purgatory.try_complete_else_watch(op, req.partitions):
             await self._await_op(op, fut, req.max_wait_ms, self.fetch_purgatory)
         results, total, _ = self._read_all(req, first=False)
-        self.metrics.bytes_out.inc(total)
+        self.metrics.bytes_out += total
         return _fetch_response(results)
 
     def _stale_follower_epoch(self, req: FetchRequest) -> bool:

@@ -77,9 +77,7 @@ HANDLERS: dict[str, Handler] = {
 
 def _endpoint(rm: ReplicaManager, api: str,
               handler: Handler) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
-    ok_count = rm.metrics.requests.labels(api, "200")
-    bad_count = rm.metrics.requests.labels(api, "400")
-    latency = rm.metrics.latency.labels(api)
+    stats = rm.metrics.requests[api]
 
     async def handle(request: web.BaseRequest) -> web.StreamResponse:
         started = time.perf_counter()
@@ -98,8 +96,7 @@ def _endpoint(rm: ReplicaManager, api: str,
             response = web.Response(body=encode({"error": int(ErrorCode.UNKNOWN_SERVER_ERROR),
                                                  "error_message": f"{type(exc).__name__}: {exc}"}),
                                     content_type=CONTENT_TYPE)
-        (ok_count if status == 200 else bad_count).inc()
-        latency.observe(time.perf_counter() - started)
+        stats.observe(status == 200, time.perf_counter() - started)
         return response
     return handle
 

@@ -42,7 +42,7 @@ import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 from crc32c import crc32c
@@ -74,8 +74,10 @@ class Record:
     headers: list[tuple[str, bytes]]
 
 
-@dataclass(frozen=True, slots=True)
-class BatchHeader:
+class BatchHeader(NamedTuple):
+    """The fixed header. A NamedTuple rather than a frozen dataclass: one is built for every batch a leader
+    validates, and a 13-field frozen dataclass costs ~1.7 us to build against ~0.4."""
+
     base_offset: int
     batch_length: int
     partition_leader_epoch: int
