@@ -152,7 +152,7 @@ async def read_body(request: web.BaseRequest) -> bytes:
     content = request.content
     chunks: list[bytes] = []
     size = 0
-    while True:
+    while not content.at_eof():  # at_eof: the whole body is in and read, so no empty read to end the loop
         chunk = await content.readany()
         if not chunk:
             break
