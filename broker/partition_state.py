@@ -22,7 +22,8 @@ Rules (DESIGN.md "Replication"; Kafka ``Partition.scala``):
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import NamedTuple
 
 
 class Role(enum.Enum):
@@ -31,8 +32,7 @@ class Role(enum.Enum):
     FOLLOWER = "follower"
 
 
-@dataclass(frozen=True, slots=True)
-class ReplicaState:
+class ReplicaState(NamedTuple):
     """The leader's view of one follower."""
 
     broker_id: int
@@ -52,8 +52,12 @@ class PendingIsrChange:
     is_expand: bool
 
 
-@dataclass(frozen=True, slots=True)
-class PartitionState:
+class PartitionState(NamedTuple):
+    """NamedTuples, not frozen dataclasses, for this value and ``ReplicaState``: a new one is made on every
+    follower fetch and, with the leader alone in the ISR, on every produce, and a 12-field frozen dataclass
+    costs ~1.7 us to build against ~0.5 for a tuple (several times that inside a loaded broker: see
+    docs/benchmarks/broker.md, tenth session). Changed copies come from ``_replace``; the two hot ones below."""
+
     broker_id: int
     role: Role = Role.NONE
     leader: int = -1
@@ -77,23 +81,24 @@ class PartitionState:
             return frozenset(self.isr)
         return frozenset(self.isr) | frozenset(self.pending.new_isr)
 
-    # Positional copies for the two changes made on every follower fetch: dataclasses.replace costs twice as
-    # much. They list every field in declaration order (tests compare them with replace()).
+    # The two copies made on every follower fetch and produce, by position: ``_replace`` costs three times
+    # as much. Tests compare them with ``_replace``.
     def with_followers(self, followers: tuple[ReplicaState, ...]) -> PartitionState:
-        return PartitionState(self.broker_id, self.role, self.leader, self.leader_epoch, self.partition_epoch,
-                              self.isr, self.replicas, self.high_watermark, self.leader_epoch_start_offset,
-                              self.pending, followers, self.ineligible)
+        return _new_state(PartitionState, (*self[:_FOLLOWERS], followers, *self[_FOLLOWERS + 1:]))
 
     def with_high_watermark(self, high_watermark: int) -> PartitionState:
-        return PartitionState(self.broker_id, self.role, self.leader, self.leader_epoch, self.partition_epoch,
-                              self.isr, self.replicas, high_watermark, self.leader_epoch_start_offset,
-                              self.pending, self.followers, self.ineligible)
+        return _new_state(PartitionState, (*self[:_HIGH_WATERMARK], high_watermark, *self[_HIGH_WATERMARK + 1:]))
 
     def follower(self, broker_id: int) -> ReplicaState | None:
         for r in self.followers:
             if r.broker_id == broker_id:
                 return r
         return None
+
+
+_new_state = tuple.__new__
+_FOLLOWERS = PartitionState._fields.index("followers")
+_HIGH_WATERMARK = PartitionState._fields.index("high_watermark")
 
 
 def become_leader(state: PartitionState, *, leader_epoch: int, partition_epoch: int, isr: tuple[int, ...],
@@ -108,7 +113,7 @@ def become_leader(state: PartitionState, *, leader_epoch: int, partition_epoch: 
         for b in replicas if b != state.broker_id
     )
     start = leader_end_offset if epoch_changed else state.leader_epoch_start_offset
-    return replace(state, role=Role.LEADER, leader=state.broker_id, leader_epoch=leader_epoch,
+    return state._replace(role=Role.LEADER, leader=state.broker_id, leader_epoch=leader_epoch,
                    partition_epoch=partition_epoch, isr=isr, replicas=replicas,
                    high_watermark=min(high_watermark, leader_end_offset),
                    leader_epoch_start_offset=start, pending=None, followers=followers,
@@ -117,7 +122,7 @@ def become_leader(state: PartitionState, *, leader_epoch: int, partition_epoch: 
 
 def become_follower(state: PartitionState, *, leader: int, leader_epoch: int, partition_epoch: int,
                     isr: tuple[int, ...], replicas: tuple[int, ...], log_end_offset: int) -> PartitionState:
-    return replace(state, role=Role.FOLLOWER, leader=leader, leader_epoch=leader_epoch,
+    return state._replace(role=Role.FOLLOWER, leader=leader, leader_epoch=leader_epoch,
                    partition_epoch=partition_epoch, isr=isr, replicas=replicas,
                    high_watermark=min(state.high_watermark, log_end_offset),
                    leader_epoch_start_offset=-1, pending=None, followers=())
@@ -133,7 +138,7 @@ def update_follower(state: PartitionState, *, broker_id: int, fetch_offset: int,
         caught_up = max(caught_up, now_ms)
     elif fetch_offset >= old.last_fetch_leader_leo and old.last_fetch_ms >= 0:
         caught_up = max(caught_up, old.last_fetch_ms)
-    # A positional constructor, not dataclasses.replace: this runs on every follower fetch.
+    # A positional constructor, not _replace: this runs on every follower fetch.
     new = ReplicaState(broker_id, fetch_offset, log_start_offset, now_ms, leader_end_offset, caught_up, broker_epoch)
     followers = tuple(new if r.broker_id == broker_id else r for r in state.followers)
     return state.with_followers(followers)
@@ -215,12 +220,12 @@ def isr_change_refused(state: PartitionState, *, ineligible: bool) -> PartitionS
     if ineligible:
         added = set(state.pending.new_isr) - set(state.isr)
         refused = frozenset((r.broker_id, r.broker_epoch) for r in state.followers if r.broker_id in added)
-    return replace(state, pending=None, ineligible=state.ineligible | refused)
+    return state._replace(pending=None, ineligible=state.ineligible | refused)
 
 
 def isr_change_committed(state: PartitionState, *, leader_epoch: int, isr: tuple[int, ...],
                          partition_epoch: int) -> PartitionState:
     """The controller accepted an AlterPartition: apply its answer if it is newer."""
     if leader_epoch != state.leader_epoch or partition_epoch < state.partition_epoch:
-        return replace(state, pending=None)
-    return replace(state, isr=isr, partition_epoch=partition_epoch, pending=None)
+        return state._replace(pending=None)
+    return state._replace(isr=isr, partition_epoch=partition_epoch, pending=None)

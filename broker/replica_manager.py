@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker import partition_state as ps
@@ -128,7 +128,7 @@ class ReplicaManager:
         if p is None:
             return
         hw = min(p.state.high_watermark, p.log_end_offset)
-        p.state = replace(p.state, high_watermark=hw)
+        p.state = p.state._replace(high_watermark=hw)
         log.info("log_truncated", broker_id=self.broker_id, topic=tp.topic, partition=tp.partition,
                  leader_epoch=p.state.leader_epoch, offset=offset, log_end_offset=p.log_end_offset,
                  high_watermark=hw, reason=reason)
@@ -380,7 +380,7 @@ class ReplicaManager:
             # A broker was fenced or unfenced: replicas refused as ineligible may be eligible again.
             for p in self.partitions.values():
                 if p.state.ineligible:
-                    p.state = replace(p.state, ineligible=frozenset())
+                    p.state = p.state._replace(ineligible=frozenset())
         for topic, cfg in req.topic_configs.items():
             for tp, p in self.partitions.items():
                 if tp.topic == topic:
@@ -415,7 +415,7 @@ class ReplicaManager:
                                     replica_lag_time_max_ms=self.config.get_int("replica.lag.time.max.ms"))
         if change is None:
             return
-        p.state = replace(p.state, pending=change)
+        p.state = p.state._replace(pending=change)
         log.info("isr_change_requested", broker_id=self.broker_id, topic=p.tp.topic, partition=p.tp.partition,
                  leader_epoch=p.state.leader_epoch, partition_epoch=p.state.partition_epoch,
                  isr=list(p.state.isr), new_isr=list(change.new_isr), expand=change.is_expand,
@@ -513,8 +513,8 @@ class ReplicaManager:
         metrics.messages_in += info.num_records
         if acks == -1:
             waits[tp] = ProduceWait(p.state.leader_epoch, info.last_offset + 1)
-        self.fetch_purgatory.check_and_complete(tp)  # followers long-polling for new data
-        self._maybe_advance_hw(p)
+        if not self._maybe_advance_hw(p):  # (a moved HW has woken the delayed fetches already)
+            self.fetch_purgatory.check_and_complete(tp)  # followers long-polling for new data
         return {"partition": tp.partition, "error": 0, "base_offset": info.first_offset,
                 "log_start_offset": p.log_start_offset}
 

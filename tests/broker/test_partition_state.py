@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
-
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -44,11 +42,11 @@ def test_hw_counts_pending_expansion_not_pending_shrink_removal() -> None:
     s = fetch(s, 2, 100, 1, 100)
     s = fetch(s, 3, 40, 1, 100)
     assert ps.compute_high_watermark(s, 100) == 100  # 3 is not in the ISR
-    grow = replace(s, pending=ps.PendingIsrChange(new_isr=(1, 2, 3), is_expand=True))
+    grow = s._replace(pending=ps.PendingIsrChange(new_isr=(1, 2, 3), is_expand=True))
     assert ps.compute_high_watermark(grow, 100) == 40  # maximal ISR includes the addition
     s2 = leader(isr=(1, 2, 3), hw=0, leo=100)
     s2 = fetch(fetch(s2, 2, 100, 1, 100), 3, 40, 1, 100)
-    shrink = replace(s2, pending=ps.PendingIsrChange(new_isr=(1, 2), is_expand=False))
+    shrink = s2._replace(pending=ps.PendingIsrChange(new_isr=(1, 2), is_expand=False))
     assert ps.compute_high_watermark(shrink, 100) == 40  # still waits for the replica being removed
 
 
@@ -60,7 +58,7 @@ def test_expansion_needs_hw_and_epoch_start() -> None:
     assert ps.expansion_candidates(s) == (3,)
     change = ps.next_isr_change(s, now_ms=2, leader_end_offset=100, replica_lag_time_max_ms=LAG)
     assert change == ps.PendingIsrChange(new_isr=(1, 2, 3), is_expand=True)
-    assert ps.next_isr_change(replace(s, pending=change), now_ms=2, leader_end_offset=100,
+    assert ps.next_isr_change(s._replace(pending=change), now_ms=2, leader_end_offset=100,
                               replica_lag_time_max_ms=LAG) is None  # one in flight
 
 
@@ -86,7 +84,7 @@ def test_caught_up_to_previous_leader_leo_counts() -> None:
 
 def test_commit_applies_only_same_leader_epoch() -> None:
     s = leader(isr=(1, 2))
-    s = replace(s, pending=ps.PendingIsrChange((1, 2, 3), True))
+    s = s._replace(pending=ps.PendingIsrChange((1, 2, 3), True))
     ok = ps.isr_change_committed(s, leader_epoch=5, isr=(1, 2, 3), partition_epoch=8)
     assert ok.isr == (1, 2, 3) and ok.partition_epoch == 8 and ok.pending is None
     stale = ps.isr_change_committed(s, leader_epoch=4, isr=(1, 2, 3), partition_epoch=8)
@@ -120,7 +118,7 @@ def test_replica_refused_as_ineligible_is_not_proposed_again_until_a_new_broker_
     s = fetch(fetch(s, 2, 100, 1, 100), 3, 100, 1, 100)  # 3 fetched once (broker epoch 1), e.g. just before dying
     change = ps.next_isr_change(s, now_ms=1, leader_end_offset=100, replica_lag_time_max_ms=LAG)
     assert change is not None and change.new_isr == (1, 2, 3)
-    refused = ps.isr_change_refused(replace(s, pending=change), ineligible=True)
+    refused = ps.isr_change_refused(s._replace(pending=change), ineligible=True)
     assert refused.pending is None and refused.ineligible == {(3, 1)}
     assert ps.next_isr_change(refused, now_ms=2, leader_end_offset=120, replica_lag_time_max_ms=LAG) is None
     # the HW no longer waits for the refused replica
@@ -132,7 +130,7 @@ def test_replica_refused_as_ineligible_is_not_proposed_again_until_a_new_broker_
                               leader_end_offset=120, broker_epoch=2)
     assert ps.expansion_candidates(back) == (3,)
     # any other refusal only drops the pending change
-    other = ps.isr_change_refused(replace(s, pending=change), ineligible=False)
+    other = ps.isr_change_refused(s._replace(pending=change), ineligible=False)
     assert other.pending is None and other.ineligible == frozenset()
 
 
@@ -143,8 +141,8 @@ def test_positional_copies_equal_replace() -> None:
                           pending=ps.PendingIsrChange((1, 2, 3), True), followers=(ps.ReplicaState(2),),
                           ineligible=frozenset({(3, 9)}))
     followers = (ps.ReplicaState(2, log_end_offset=5), ps.ReplicaState(3))
-    assert s.with_followers(followers) == replace(s, followers=followers)
-    assert s.with_high_watermark(12) == replace(s, high_watermark=12)
-    assert {f.name for f in fields(ps.PartitionState)} == {
+    assert s.with_followers(followers) == s._replace(followers=followers)
+    assert s.with_high_watermark(12) == s._replace(high_watermark=12)
+    assert set(ps.PartitionState._fields) == {
         "broker_id", "role", "leader", "leader_epoch", "partition_epoch", "isr", "replicas", "high_watermark",
         "leader_epoch_start_offset", "pending", "followers", "ineligible"}
