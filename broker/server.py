@@ -129,10 +129,12 @@ def build_server(rm: ReplicaManager, **kwargs: Any) -> web.Server:
     rm.metrics.bind(rm.under_replicated_count, rm.offline_count, lambda: len(rm.produce_purgatory),
                     lambda: len(rm.fetch_purgatory))
 
-    async def dispatch(request: web.BaseRequest) -> web.StreamResponse:
+    def dispatch(request: web.BaseRequest) -> Awaitable[web.StreamResponse]:
+        """The route's own coroutine, for aiohttp to await: no coroutine wrapped around it per request."""
         handler = routes.get((request.method, request.path))
-        if handler is not None:
-            return await handler(request)
+        return handler(request) if handler is not None else no_route(request)
+
+    async def no_route(request: web.BaseRequest) -> web.StreamResponse:
         if request.path in paths:
             allowed = sorted(m for m, p in routes if p == request.path)
             return web.Response(status=405, text=f"{request.method} {request.path}: use {', '.join(allowed)}",

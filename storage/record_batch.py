@@ -213,15 +213,16 @@ def compute_crc(buf: Buffer, pos: int, size: int) -> int:
 def check_frame(buf: Buffer, pos: int = 0, *, max_size: int | None = None) -> BatchHeader:
     """Length, size, magic and CRC checks (no record decoding): what recovery needs."""
     header = parse_header(buf, pos)
+    size = header.batch_length + LOG_OVERHEAD
     if header.batch_length < MIN_BATCH_LENGTH:
         raise BatchLengthError(f"batch at {pos}: batch_length {header.batch_length} < {MIN_BATCH_LENGTH}")
-    if max_size is not None and header.size > max_size:
-        raise BatchTooLargeError(f"batch at {pos}: {header.size} bytes > max {max_size}")
-    if len(buf) - pos < header.size:
-        raise BatchTooShortError(f"batch at {pos}: batch_length says {header.size} bytes, {len(buf) - pos} left")
+    if max_size is not None and size > max_size:
+        raise BatchTooLargeError(f"batch at {pos}: {size} bytes > max {max_size}")
+    if len(buf) - pos < size:
+        raise BatchTooShortError(f"batch at {pos}: batch_length says {size} bytes, {len(buf) - pos} left")
     if header.magic != MAGIC:
         raise UnsupportedMagicError(f"batch at {pos}: magic {header.magic}, expected {MAGIC}")
-    crc = compute_crc(buf, pos, header.size)
+    crc = compute_crc(buf, pos, size)
     if crc != header.crc:
         raise CrcMismatchError(f"batch at {pos}: crc {crc:#010x} != stored {header.crc:#010x}")
     if header.record_count < 1 or header.last_offset_delta != header.record_count - 1:
