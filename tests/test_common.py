@@ -1,13 +1,15 @@
+import concurrent.futures
 import platform
 import subprocess
 import sys
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from common.config import ConfigError, broker_config, parse_assignments, validate_topic_configs
 from common.errors import ErrorCode, error_for
-from common.wire import BadRequest, decode_body, encode, int_field
+from common.wire import BadRequest, decode, decode_body, encode, int_field
 
 
 def test_error_codes_keep_kafka_numbers_and_retriable_flags() -> None:
@@ -49,6 +51,21 @@ def test_wire_decoding_rejects_garbage_with_readable_errors() -> None:
         int_field({"x": True}, "x")
     with pytest.raises(BadRequest, match="out of range"):
         int_field({"x": -5}, "x", lo=0)
+
+
+def test_encode_is_msgpack_with_bin_and_survives_errors_big_values_and_threads() -> None:
+    small = {"topics": [{"topic": "t", "partitions": [{"partition": 0, "records": b"\x00\x01", "n": -5}]}]}
+    assert encode(small) == msgpack.packb(small, use_bin_type=True)
+    with pytest.raises(TypeError):
+        encode({"x": [1, object()]})  # fails part-way through: nothing of it may stay in the reused buffer
+    assert encode(small) == msgpack.packb(small, use_bin_type=True)
+    big = {"records": b"r" * (3 << 20)}
+    assert decode(encode(big)) == big
+    assert encode(small) == msgpack.packb(small, use_bin_type=True)
+    values = [{"i": i, "pad": b"p" * (i * 1000)} for i in range(64)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # one packer per thread, never shared
+        for _ in range(5):
+            assert list(pool.map(lambda v: decode(encode(v)), values)) == values
 
 
 def test_cli_help_for_every_subcommand() -> None:
