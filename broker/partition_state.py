@@ -114,18 +114,18 @@ def become_leader(state: PartitionState, *, leader_epoch: int, partition_epoch: 
     )
     start = leader_end_offset if epoch_changed else state.leader_epoch_start_offset
     return state._replace(role=Role.LEADER, leader=state.broker_id, leader_epoch=leader_epoch,
-                   partition_epoch=partition_epoch, isr=isr, replicas=replicas,
-                   high_watermark=min(high_watermark, leader_end_offset),
-                   leader_epoch_start_offset=start, pending=None, followers=followers,
-                   ineligible=state.ineligible if not epoch_changed else frozenset())
+                          partition_epoch=partition_epoch, isr=isr, replicas=replicas,
+                          high_watermark=min(high_watermark, leader_end_offset),
+                          leader_epoch_start_offset=start, pending=None, followers=followers,
+                          ineligible=state.ineligible if not epoch_changed else frozenset())
 
 
 def become_follower(state: PartitionState, *, leader: int, leader_epoch: int, partition_epoch: int,
                     isr: tuple[int, ...], replicas: tuple[int, ...], log_end_offset: int) -> PartitionState:
     return state._replace(role=Role.FOLLOWER, leader=leader, leader_epoch=leader_epoch,
-                   partition_epoch=partition_epoch, isr=isr, replicas=replicas,
-                   high_watermark=min(state.high_watermark, log_end_offset),
-                   leader_epoch_start_offset=-1, pending=None, followers=())
+                          partition_epoch=partition_epoch, isr=isr, replicas=replicas,
+                          high_watermark=min(state.high_watermark, log_end_offset),
+                          leader_epoch_start_offset=-1, pending=None, followers=())
 
 
 def update_follower(state: PartitionState, *, broker_id: int, fetch_offset: int, log_start_offset: int,
