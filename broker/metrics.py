@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
+from itertools import accumulate
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -92,10 +93,7 @@ class _Collector:
         for api, stats in m.requests.items():
             requests.add_metric([api, "200"], stats.ok)
             requests.add_metric([api, "400"], stats.bad)
-            cumulative, buckets = 0, []
-            for label, count in zip(_BUCKET_LABELS, stats.buckets, strict=True):
-                cumulative += count
-                buckets.append((label, cumulative))
+            buckets = list(zip(_BUCKET_LABELS, accumulate(stats.buckets), strict=True))  # Prometheus: cumulative
             latency.add_metric([api], buckets, sum_value=stats.seconds)
         yield requests
         yield latency
