@@ -11,7 +11,11 @@ from typing import Any
 def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAction[Any]) -> None:
     dump = sub.add_parser("dump-log", help="print the batches of a .log file or partition directory as JSON lines",
                           description="One JSON line per record batch; invalid batches are reported, "
-                                      "not raised. Exit status 1 if any batch is invalid.")
+                                      "not raised. Offsets must follow on (each batch's base_offset is the "
+                                      "previous batch's last_offset + 1, across a directory's segment files "
+                                      "too): a batch that does not carries \"non_consecutive\", and the "
+                                      "pairs are listed on stderr. Exit status 1 if any batch is invalid "
+                                      "or offsets do not follow on.")
     dump.add_argument("path", type=Path, help="a segment .log file or a <topic>-<partition> directory")
     dump.add_argument("--records", action="store_true", help="add the decoded records to each line")
     dump.set_defaults(func=_dump)
@@ -31,7 +35,7 @@ def _dump(args: argparse.Namespace) -> int:
     from storage.dump import DumpError, dump
 
     try:
-        bad = dump(args.path, sys.stdout, records=args.records)
+        result = dump(args.path, sys.stdout, records=args.records)
         sys.stdout.flush()
     except BrokenPipeError:  # e.g. piped into head: stop quietly
         import os
@@ -42,7 +46,9 @@ def _dump(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     except OSError as exc:
         raise CliError(f"{args.path}: {exc}") from None
-    return 1 if bad else 0
+    for file, after, base in result.non_consecutive:
+        print(f"non-consecutive offsets in {file}: {after} is followed by {base}", file=sys.stderr)
+    return 0 if result.clean else 1
 
 
 def _perf(args: argparse.Namespace) -> int:

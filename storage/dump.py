@@ -7,6 +7,16 @@ Each line: ``file``, ``position``, ``size``, ``base_offset``, ``last_offset``,
 decoded records (``key``/``value`` as text when UTF-8, else ``key_b64``/``value_b64``).
 A batch whose length is unusable ends the file's listing with a line that says
 why; a batch that fails only its CRC or record checks is reported and skipped.
+
+Offsets must run on without a hole or a step back: each valid batch's
+``base_offset`` is the previous valid batch's ``last_offset`` + 1, within a file
+and, for a partition directory, from one segment file to the next (files in
+name order, which is base-offset order). A batch that breaks this carries
+``"non_consecutive": {"after": <previous last_offset>}``, and ``dump`` returns
+the pairs so the command can list them on stderr, as Kafka's DumpLogSegments
+lists "X is followed by Y" (it checks within a file only; a hole between
+segments here means a lost segment file, so it is reported too). This log has
+no compaction, so a hole is never legitimate.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ import json
 import mmap
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -41,14 +52,31 @@ def log_files(path: Path) -> list[Path]:
     raise DumpError(f"{path}: no such file or directory")
 
 
-def dump(path: Path, out: TextIO, *, records: bool = False) -> int:
-    """Write the lines; the number of invalid batches (or unusable tails) found."""
-    bad = 0
+@dataclass
+class DumpResult:
+    invalid: int = 0  # invalid batches and unusable tails
+    non_consecutive: list[tuple[str, int, int]] = field(default_factory=list)  # (file, previous last, base)
+
+    @property
+    def clean(self) -> bool:
+        return not self.invalid and not self.non_consecutive
+
+
+def dump(path: Path, out: TextIO, *, records: bool = False) -> DumpResult:
+    """Write the lines; what was wrong with the batches."""
+    result = DumpResult()
+    last: int | None = None  # last_offset of the previous valid batch, carried across a directory's files
     for file in log_files(path):
         for line in dump_file(file, records=records):
-            bad += not line["valid"]
+            if not line["valid"]:
+                result.invalid += 1
+            else:
+                if last is not None and line["base_offset"] != last + 1:
+                    line["non_consecutive"] = {"after": last}
+                    result.non_consecutive.append((line["file"], last, line["base_offset"]))
+                last = line["last_offset"]
             out.write(json.dumps(line) + "\n")
-    return bad
+    return result
 
 
 def dump_file(file: Path, *, records: bool = False) -> Iterator[dict[str, Any]]:

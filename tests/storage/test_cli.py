@@ -13,10 +13,10 @@ from cli.main import main
 from tests.storage.helpers import batch, open_log
 
 
-def _log_dir(tmp_path: Path) -> Path:
+def _log_dir(tmp_path: Path, batches: int = 5) -> Path:
     pdir = tmp_path / "orders-0"
     log = open_log(pdir, segment_bytes=1000)
-    for i in range(5):
+    for i in range(batches):
         log.append_as_leader(batch(2, size=100, tag=i), 3)
     log.close()
     return pdir
@@ -34,6 +34,35 @@ def test_dump_log_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
                 "base_sequence"):
         assert key in first
     assert "records" not in first
+    assert not any("non_consecutive" in x for x in lines)
+
+
+def test_dump_log_reports_offsets_that_do_not_follow_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A lost segment file (a hole between files) and a step back inside one file: each flagged batch
+    carries "non_consecutive", stderr lists the pairs as Kafka's DumpLogSegments does, exit status 1."""
+    pdir = _log_dir(tmp_path, batches=9)
+    segs = sorted(pdir.glob("*.log"))
+    assert len(segs) >= 3
+    capsys.readouterr()
+    segs[1].unlink()
+    assert main(["dump-log", str(pdir)]) == 1
+    out, err = capsys.readouterr()
+    lines = [json.loads(line) for line in out.splitlines()]
+    flagged = [x for x in lines if "non_consecutive" in x]
+    assert len(flagged) == 1 and flagged[0]["file"] == str(segs[2])
+    hole_after = flagged[0]["non_consecutive"]["after"]
+    assert hole_after < flagged[0]["base_offset"] - 1
+    assert f"{hole_after} is followed by {flagged[0]['base_offset']}" in err
+
+    stepped = tmp_path / "stepped.log"
+    stepped.write_bytes(segs[2].read_bytes() + segs[0].read_bytes())
+    assert main(["dump-log", str(stepped)]) == 1
+    out, err = capsys.readouterr()
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert all(x["valid"] for x in lines)
+    flagged = [x for x in lines if "non_consecutive" in x]
+    assert [x["base_offset"] for x in flagged] == [0]
+    assert f"in {stepped}: {flagged[0]['non_consecutive']['after']} is followed by 0" in err
 
 
 def test_dump_log_records_and_a_bad_batch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
