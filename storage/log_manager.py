@@ -169,6 +169,11 @@ class LogManager:
         if now - self._last_checkpoint_ms >= self.config.get_int("log.flush.offset.checkpoint.interval.ms"):
             self._last_checkpoint_ms = now
             self.checkpoint_recovery_points_and_log_starts()
+        # Kafka keeps a ``.deleted`` segment for ``log.segment.delete.delay.ms`` (60 s) so that reads
+        # already under way on it (zero-copy sends from the file) can finish. Reads here are ``os.pread``
+        # calls on the event loop that finish before this tick runs, so nothing can still be reading a
+        # renamed segment: its files go on this tick, which also keeps disk and page cache bounded when
+        # retention is tight and writes are fast.
         for lg in list(self._logs.values()):
             await lg.unlink_deleted_segments()
 
