@@ -213,7 +213,7 @@ def compute_crc(buf: Buffer, pos: int, size: int) -> int:
 def check_frame(buf: Buffer, pos: int = 0, *, max_size: int | None = None) -> BatchHeader:
     """Length, size, magic and CRC checks (no record decoding): what recovery needs."""
     header = parse_header(buf, pos)
-    size = header.batch_length + LOG_OVERHEAD
+    size = header.size  # the property, read once for the checks below
     if header.batch_length < MIN_BATCH_LENGTH:
         raise BatchLengthError(f"batch at {pos}: batch_length {header.batch_length} < {MIN_BATCH_LENGTH}")
     if max_size is not None and size > max_size:
