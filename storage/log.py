@@ -18,6 +18,12 @@ costs more than the copy. The fsync of a rolled segment can be large (up to
 ``LogManager`` sets it) ``roll`` only queues the segment and
 ``flush_rolled_segments`` fsyncs duplicated descriptors in a worker thread,
 like Kafka's scheduled ``flush-log`` task; otherwise ``roll`` fsyncs inline.
+Kafka schedules that task at once on each roll; ``LogManager`` runs it on
+its one-second tick instead, with the unlinking (and retention when due). In
+the produce benchmark, flushing each rolled segment at once and deleting
+every 100 ms (the work spread evenly) cost the broker more per request than
+the tick's bursts (docs/benchmarks/broker.md, thirteenth session); the
+recovery point lags by at most a tick more.
 Likewise with ``defer_file_deletion`` the files of deleted segments (retention,
 truncation) are only renamed ``*.deleted`` and ``unlink_deleted_segments``
 removes them in a worker thread.
