@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common.cli_args import positive
 from common.wire import TopicPartition
 from storage.checkpoint import write_epochs, write_offsets
 from storage.epoch_cache import EpochEntry
@@ -81,9 +82,9 @@ def run(args: argparse.Namespace) -> int:
 
 def register_perf(perf: argparse._SubParsersAction[Any]) -> None:
     p = perf.add_parser("audit", help="export + Spark audit throughput on synthetic data dirs")
-    p.add_argument("--brokers", type=int, default=3)
-    p.add_argument("--partitions", type=int, default=4)
-    p.add_argument("--records", type=int, default=50_000, help="records per partition")
-    p.add_argument("--batch", type=int, default=100, help="records per batch")
+    p.add_argument("--brokers", type=positive("--brokers"), default=3)
+    p.add_argument("--partitions", type=positive("--partitions"), default=4)
+    p.add_argument("--records", type=positive("--records"), default=50_000, help="records per partition")
+    p.add_argument("--batch", type=positive("--batch"), default=100, help="records per batch")
     p.add_argument("--master", default="local[*]")
     p.set_defaults(func=run)

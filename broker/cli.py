@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from common.cli_args import non_negative, positive
+
 
 def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("broker", help="run one broker process",
@@ -23,16 +25,16 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     b = perf.add_parser("broker", help="produce to one broker vs a bare aiohttp server",
                         description="One partition, acks=1, batches of N x S-byte records over keep-alive HTTP; "
                                     "the same client against a bare aiohttp server in the same run.")
-    b.add_argument("--requests", type=int, default=3000, help="produce requests per target")
-    b.add_argument("--records", type=int, default=1000, help="records per batch")
-    b.add_argument("--record-size", type=int, default=100)
-    b.add_argument("--concurrency", type=int, default=4, help="requests in flight")
-    b.add_argument("--rounds", type=int, default=3, help="alternating rounds (bare, broker) to print")
+    b.add_argument("--requests", type=positive("--requests"), default=3000, help="produce requests per target")
+    b.add_argument("--records", type=positive("--records"), default=1000, help="records per batch")
+    b.add_argument("--record-size", type=non_negative("--record-size"), default=100)
+    b.add_argument("--concurrency", type=positive("--concurrency"), default=4, help="requests in flight")
+    b.add_argument("--rounds", type=positive("--rounds"), default=3, help="alternating rounds (bare, broker) to print")
     b.add_argument("--data-dir", type=Path, default=None, help="broker data dir (default: a temp dir)")
     b.add_argument("--bare", choices=("app", "lowlevel"), default="app",
                    help="the bare server: a web.Application with one route (default), or aiohttp's low-level "
                         "web.Server, which the broker itself uses")
-    b.add_argument("--retained-mb", type=int, default=256,
+    b.add_argument("--retained-mb", type=non_negative("--retained-mb"), default=256,
                    help="log.retention.bytes in MiB for the broker's partition, checked every second, with "
                         "64 MiB segments: the log stays bounded as a broker's does at steady state "
                         "(0: unbounded, so every batch lands on fresh page-cache memory; see "

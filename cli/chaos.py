@@ -65,6 +65,7 @@ from audit.history import HistoryWriter, NemesisEvent, Outcome, PollEvent, SendE
 from cli import cluster as cl
 from cli import netns
 from cli.main import CliError
+from common.cli_args import port, positive, positive_float
 
 FAULTS = ("kill", "term", "pause", "controller", "leaders", "partition")
 DEFAULT_FAULTS = ("kill", "term", "pause", "controller")
@@ -575,18 +576,21 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     cs = p.add_subparsers(dest="chaos_command", metavar="ACTION")
     p.set_defaults(func=lambda _a: (p.print_help(sys.stderr), 2)[1])
     r = cs.add_parser("run", help="run a workload under a seeded nemesis; write history + summary")
-    r.add_argument("--duration", type=float, default=60.0, help="seconds of workload (default 60)")
+    r.add_argument("--duration", type=positive_float("--duration"), default=60.0,
+                   help="seconds of workload (default 60)")
     r.add_argument("--data-dir", default="./minibroker-chaos", help="cluster dir (started if not running)")
     r.add_argument("--out", default="./minibroker-chaos-out", help="where history.jsonl and summary.json go")
     r.add_argument("--seed", type=int, default=1)
     r.add_argument("--faults", default=",".join(DEFAULT_FAULTS), help=f"comma list of {', '.join(FAULTS)}")
-    r.add_argument("--brokers", type=int, default=3)
-    r.add_argument("--partitions", type=int, default=3)
-    r.add_argument("--producers", type=int, default=2)
-    r.add_argument("--inflight", type=int, default=64, help="unacknowledged sends per producer")
-    r.add_argument("--base-port", type=int, default=19190)
-    r.add_argument("--session-timeout-ms", type=int, default=6_000, help="controller's broker.session.timeout.ms")
-    r.add_argument("--heal-timeout", type=float, default=90.0, help="seconds to wait for full ISRs at the end")
+    r.add_argument("--brokers", type=positive("--brokers"), default=3)
+    r.add_argument("--partitions", type=positive("--partitions"), default=3)
+    r.add_argument("--producers", type=positive("--producers"), default=2)
+    r.add_argument("--inflight", type=positive("--inflight"), default=64, help="unacknowledged sends per producer")
+    r.add_argument("--base-port", type=port("--base-port"), default=19190)
+    r.add_argument("--session-timeout-ms", type=positive("--session-timeout-ms"), default=6_000,
+                   help="controller's broker.session.timeout.ms")
+    r.add_argument("--heal-timeout", type=positive_float("--heal-timeout"), default=90.0,
+                   help="seconds to wait for full ISRs at the end")
     r.add_argument("--unclean", action="store_true", help="topic with unclean.leader.election.enable=true")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="broker setting for a cluster this run starts (repeatable)")

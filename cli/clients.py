@@ -15,10 +15,11 @@ import functools
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any, BinaryIO, TextIO
 
 from cli.main import CliError
+from common.cli_args import non_negative, positive
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9091,127.0.0.1:9092,127.0.0.1:9093"
 DEFAULT_CONTROLLER = "127.0.0.1:9090"
@@ -58,30 +59,6 @@ def controller_of(args: argparse.Namespace) -> str:
     if len(addresses) != 1:
         raise CliError("--controller takes one HOST:PORT")
     return addresses[0]
-
-
-def positive(name: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {value}")
-        return value
-    return parse
-
-
-def non_negative(name: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {value}")
-        return value
-    return parse
 
 
 def configure_client_logging() -> None:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.main import CliError
+from common.cli_args import non_negative_float, port, positive, positive_float
 from common.http import RpcClient, RpcError
 
 DEFAULT_BASE_PORT = 9090
@@ -520,11 +521,12 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
 
     q = cs.add_parser("up", help="start a controller and N brokers")
     data_dir_arg(q)
-    q.add_argument("--brokers", type=int, default=3, help="number of brokers (default 3)")
-    q.add_argument("--base-port", type=int, default=DEFAULT_BASE_PORT,
+    q.add_argument("--brokers", type=positive("--brokers"), default=3, help="number of brokers (default 3)")
+    q.add_argument("--base-port", type=port("--base-port"), default=DEFAULT_BASE_PORT,
                    help="controller port; broker i listens on base+i (default 9090)")
     q.add_argument("--detach", action="store_true", help="return once every broker is registered")
-    q.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for registration (default 60)")
+    q.add_argument("--timeout", type=positive_float("--timeout"), default=60.0,
+                   help="seconds to wait for registration (default 60)")
     q.add_argument("--set", action="append", metavar="KEY=VALUE", help="broker config for every broker")
     q.add_argument("--controller-set", action="append", metavar="KEY=VALUE", help="controller config")
     q.add_argument("--exec", default=None, metavar="COMMAND",
@@ -538,7 +540,7 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
 
     q = cs.add_parser("down", help="stop every member (SIGTERM, then SIGKILL after --timeout)")
     data_dir_arg(q)
-    q.add_argument("--timeout", type=float, default=40.0,
+    q.add_argument("--timeout", type=non_negative_float("--timeout"), default=40.0,
                    help="seconds before SIGKILL (default 40, above controlled.shutdown.max.wait.ms)")
     q.set_defaults(func=cmd_down)
 
@@ -552,5 +554,6 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     data_dir_arg(q)
     q.add_argument("id", metavar="ID", help="broker id or 'controller'")
     q.add_argument("--no-wait", dest="wait", action="store_false", help="do not wait for broker registration")
-    q.add_argument("--timeout", type=float, default=60.0)
+    q.add_argument("--timeout", type=positive_float("--timeout"), default=60.0,
+                   help="seconds to wait for the broker to register (default 60)")
     q.set_defaults(func=cmd_start)

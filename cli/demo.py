@@ -22,6 +22,7 @@ from typing import Any
 
 from cli import cluster
 from cli.main import CliError
+from common.cli_args import port, positive
 
 TOPIC = "demo"
 PARTITIONS = 3
@@ -152,8 +153,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("demo", help="3 brokers, RF=3, kill the leader while producing, check nothing is lost",
                        description=__doc__)
-    p.add_argument("--records", type=int, default=4000, help="records to produce (default 4000)")
-    p.add_argument("--base-port", type=int, default=19090,
+    p.add_argument("--records", type=positive("--records"), default=4000, help="records to produce (default 4000)")
+    p.add_argument("--base-port", type=port("--base-port"), default=19090,
                    help="controller port; brokers on base+1..3 (default 19090, away from a dev cluster on 9090)")
     p.add_argument("--data-dir", default=None, help="keep the cluster here (default: a temp dir, removed after)")
     p.add_argument("--keep", action="store_true", help="keep the temp data dir and logs")

@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A small replicated commit log on Kafka's replication design.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    perf_parser = sub.add_parser("perf", help="benchmarks: storage, broker, produce, consume, e2e",
+    perf_parser = sub.add_parser("perf", help="benchmarks: storage, broker, controller, produce, consume, e2e, audit",
                                  description="Benchmarks that print figures.")
     perf = perf_parser.add_subparsers(dest="perf_command", metavar="BENCHMARK")
     perf_parser.set_defaults(func=lambda _args: _usage(perf_parser))

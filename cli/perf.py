@@ -20,8 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from cli.clients import add_bootstrap, bootstrap_of, non_negative, positive, run_client
+from cli.clients import add_bootstrap, bootstrap_of, run_client
 from cli.main import CliError
+from common.cli_args import non_negative, positive
 
 
 def percentile(sorted_values: list[float], q: float) -> float:

@@ -12,8 +12,9 @@ import json
 import sys
 from typing import Any
 
-from cli.clients import add_controller, controller_of, positive, run_client
+from cli.clients import add_controller, controller_of, run_client
 from cli.main import CliError
+from common.cli_args import positive
 
 
 def parse_configs(items: list[str] | None) -> dict[str, str]:

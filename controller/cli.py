@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from common.cli_args import positive
+
 
 def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("controller", help="run the controller",
@@ -26,15 +28,20 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     p.set_defaults(func=run)
     b = perf.add_parser("controller", help="controller: create_topics rate, failover fan-out, replay",
                         description="Figures for the controller against stub brokers (controller/bench.py).")
-    b.add_argument("--brokers", type=int, default=3)
-    b.add_argument("--topics", type=int, default=200)
-    b.add_argument("--partitions", type=int, default=5)
-    b.add_argument("--replication-factor", type=int, default=3)
+    b.add_argument("--brokers", type=positive("--brokers"), default=3)
+    b.add_argument("--topics", type=positive("--topics"), default=200)
+    b.add_argument("--partitions", type=positive("--partitions"), default=5)
+    b.add_argument("--replication-factor", type=positive("--replication-factor"), default=3)
     b.set_defaults(func=run_bench)
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    from cli.main import CliError
     from controller.bench import main
+
+    if args.replication_factor > args.brokers:
+        raise CliError(f"--replication-factor {args.replication_factor} needs at least as many --brokers "
+                       f"(got {args.brokers})")
 
     return main(args)
 

@@ -71,6 +71,7 @@ import aiohttp
 from aiohttp import web
 
 from broker.bench import _log_settings, proc_counters, stop_process, wait_for_endpoint
+from common.cli_args import non_negative, non_negative_float, positive
 from common.config import ConfigError, broker_config, parse_assignments
 from common.cpu_quota import CGROUP_ROOT, CpuQuotaError, CpuQuotas, cpu_cgroup_of, quota_us
 from common.http import RpcClient
@@ -409,28 +410,29 @@ def _ts(event: dict[str, Any]) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fetcher.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batches", type=int, default=2000,
+    parser.add_argument("--batches", type=positive("--batches"), default=2000,
                         help="batches per phase (1000 records each); fewer make rounds of a few ms, "
                              "below the 10 ms tick of the CPU figures")
-    parser.add_argument("--rounds", type=int, default=5, help="alternating single/replicated rounds")
-    parser.add_argument("--partitions", type=int, default=3)
-    parser.add_argument("--in-flight-per-broker", type=int, default=5,
+    parser.add_argument("--rounds", type=positive("--rounds"), default=5, help="alternating single/replicated rounds")
+    parser.add_argument("--partitions", type=positive("--partitions"), default=3)
+    parser.add_argument("--in-flight-per-broker", type=positive("--in-flight-per-broker"), default=5,
                         help="produce requests in flight to each leader broker (Kafka's producer default "
                              "max.in.flight.requests.per.connection: 5): 5 for the single broker, 15 for 3 leaders")
-    parser.add_argument("--in-flight", type=int, default=0,
+    parser.add_argument("--in-flight", type=non_negative("--in-flight"), default=0,
                         help="instead: this many produce requests in flight in all, for both setups "
                              "(the earlier default: 6)")
-    parser.add_argument("--moves", type=int, default=10, help="leader moves in phase 3")
-    parser.add_argument("--move-interval-s", type=float, default=0.5)
-    parser.add_argument("--fetch-wait-ms", type=int, default=500, help="replica.fetch.wait.max.ms")
-    parser.add_argument("--retained-mb", type=int, default=256,
+    parser.add_argument("--moves", type=non_negative("--moves"), default=10, help="leader moves in phase 3")
+    parser.add_argument("--move-interval-s", type=non_negative_float("--move-interval-s"), default=0.5)
+    parser.add_argument("--fetch-wait-ms", type=non_negative("--fetch-wait-ms"), default=500,
+                        help="replica.fetch.wait.max.ms")
+    parser.add_argument("--retained-mb", type=non_negative("--retained-mb"), default=256,
                         help="log.retention.bytes per partition in MiB with 64 MiB segments, as broker.bench "
                              "(a broker's steady state); 0: one growing 1 GiB segment")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a broker config for every broker (repeatable), e.g. --set "
                              "replica.fetch.min.bytes=200000; applied last, so it wins over --fetch-wait-ms "
                              "and --retained-mb")
-    parser.add_argument("--cpu-per-broker", type=float, default=0.0, metavar="CORES",
+    parser.add_argument("--cpu-per-broker", type=non_negative_float("--cpu-per-broker"), default=0.0, metavar="CORES",
                         help="limit every broker process to this many CPUs (e.g. 0.5) with a cgroup CPU quota "
                              "(needs root, or a delegated cgroup: --cgroup-root): the same CPU for each broker in both "
                              "setups, as brokers on equal "

@@ -49,9 +49,20 @@ def test_summary_leaves_out_rounds_whose_cpu_did_not_register() -> None:
     from broker.bench import summary
 
     def row(req_s: float, cpu_us: float) -> dict[str, float]:
-        return {"req_s": req_s, "cpu_us": cpu_us}
+        return {"req_s": req_s, "cpu_us": cpu_us, "seconds": 1000 / req_s}  # 1000 requests a round
 
     lines = summary([row(1000, 100), row(500, 0.0), row(1000, 100), row(700, 200)])
     assert lines[0] == "broker / bare request rate per round: 0.50, 0.70; median 0.70"
-    assert lines[1].endswith("0.50; median 0.50")
-    assert "too short to measure" in summary([row(1000, 0.0), row(500, 0.0)])[1]
+    assert lines[2].endswith("0.50; median 0.50")
+    assert "too short to measure" in summary([row(1000, 0.0), row(500, 0.0)])[2]
+
+
+def test_summary_gives_the_rate_over_all_rounds_together() -> None:
+    """The median of the per-round ratios discounts a slow round; the rate over all rounds counts its time."""
+    from broker.bench import summary
+
+    rows = [{"req_s": 1000.0, "seconds": 1.0, "cpu_us": 100.0} if i % 2 == 0 else
+            {"req_s": 1000.0 / s, "seconds": s, "cpu_us": 100.0} for i, s in enumerate([1, 1, 1, 1, 1, 4])]
+    lines = summary(rows)
+    assert lines[0].endswith("median 1.00")  # two rounds as fast as the bare server's, one at a quarter
+    assert lines[1] == "broker / bare request rate over all rounds together: 0.50"  # 3000 in 6 s against 3 s

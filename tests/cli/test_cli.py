@@ -42,6 +42,26 @@ def test_help_lists_the_client_commands(capsys: pytest.CaptureFixture[str]) -> N
     (["produce", "t", "--acks", "2"], "invalid choice"),
     (["cluster", "kill", "1", "--signal", "HUP"], "invalid choice"),
     (["perf", "produce", "--topic", "t", "--num-records", "-5", "--record-size", "100"], "must be > 0"),
+    # numeric flags of the benchmarks and of the commands that start processes: refused while parsing, before
+    # anything starts (several of these once ended in a traceback, a hang or a silent nonsense run)
+    (["perf", "broker", "--requests", "0"], "--requests must be > 0, got 0"),
+    (["perf", "broker", "--rounds", "-1"], "--rounds must be > 0, got -1"),
+    (["perf", "broker", "--concurrency", "-1"], "--concurrency must be > 0"),
+    (["perf", "broker", "--records", "0"], "--records must be > 0"),
+    (["perf", "broker", "--record-size", "-1"], "--record-size must be >= 0"),
+    (["perf", "broker", "--retained-mb", "-1"], "--retained-mb must be >= 0"),
+    (["perf", "controller", "--topics", "0"], "--topics must be > 0"),
+    (["perf", "controller", "--brokers", "x"], "--brokers must be an integer, got 'x'"),
+    (["perf", "controller", "--replication-factor", "4", "--brokers", "3"],
+     "--replication-factor 4 needs at least as many --brokers (got 3)"),
+    (["perf", "audit", "--batch", "0"], "--batch must be > 0"),
+    (["chaos", "run", "--duration", "inf"], "--duration must be a finite number"),
+    (["chaos", "run", "--inflight", "0"], "--inflight must be > 0"),
+    (["chaos", "run", "--heal-timeout", "0"], "--heal-timeout must be > 0"),
+    (["cluster", "up", "--base-port", "70000"], "--base-port must be at most 65535"),
+    (["cluster", "up", "--timeout", "nan"], "--timeout must be a finite number"),
+    (["cluster", "down", "--timeout", "-1"], "--timeout must be >= 0"),
+    (["demo", "--records", "0"], "--records must be > 0"),
 ])
 def test_usage_errors_are_one_readable_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run(argv, capsys)

@@ -59,7 +59,10 @@ def test_cpu_figures_per_broker() -> None:
 @pytest.mark.parametrize("args, message", [(["--set", "no.such.config=1"], "unknown config 'no.such.config'"),
                                            (["--set", "replica.fetch.min.bytes=lots"], "expected an integer"),
                                            (["--set", "novalue"], "expected key=value"),
-                                           (["--cpu-per-broker", "0.01"], "0.01 CPUs: give between 0.1 and")])
+                                           (["--cpu-per-broker", "0.01"], "0.01 CPUs: give between 0.1 and"),
+                                           (["--rounds", "0"], "--rounds must be > 0"),
+                                           (["--partitions", "0"], "--partitions must be > 0"),
+                                           (["--fetch-wait-ms", "-1"], "--fetch-wait-ms must be >= 0")])
 def test_fetcher_bench_refuses_bad_settings(args: list[str], message: str) -> None:
     out = subprocess.run([sys.executable, "-m", "fetcher.bench", *args], cwd=REPO, capture_output=True,
                          text=True, timeout=60)

@@ -1,0 +1,57 @@
+"""argparse types for numeric flags.
+
+A value out of range is refused while the command line is parsed: one usage
+line and exit status 2, before any process starts or any file is written,
+instead of a traceback (or a silent nonsense run) later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from typing import TypeVar
+
+N = TypeVar("N", int, float)
+
+
+def _bounded(name: str, convert: Callable[[str], N], kind: str, low: N, high: N | None,
+             strict: bool) -> Callable[[str], N]:
+    def parse(text: str) -> N:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be {kind}, got {text!r}") from None
+        if not math.isfinite(value):  # inf or nan: no run is meant to last forever
+            raise argparse.ArgumentTypeError(f"{name} must be a finite number, got {text}")
+        if value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(f"{name} must be {'>' if strict else '>='} {low:g}, got {text}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"{name} must be at most {high:g}, got {text}")
+        return value
+    return parse
+
+
+def positive(name: str, maximum: int | None = None) -> Callable[[str], int]:
+    """An integer > 0 (and <= ``maximum`` when given)."""
+    return _bounded(name, int, "an integer", 0, maximum, strict=True)
+
+
+def non_negative(name: str) -> Callable[[str], int]:
+    """An integer >= 0."""
+    return _bounded(name, int, "an integer", 0, None, strict=False)
+
+
+def positive_float(name: str) -> Callable[[str], float]:
+    """A number > 0 (seconds, rates)."""
+    return _bounded(name, float, "a number", 0.0, None, strict=True)
+
+
+def non_negative_float(name: str) -> Callable[[str], float]:
+    """A number >= 0."""
+    return _bounded(name, float, "a number", 0.0, None, strict=False)
+
+
+def port(name: str) -> Callable[[str], int]:
+    """A TCP port, 1-65535."""
+    return _bounded(name, int, "a port number", 1, 65535, strict=False)
