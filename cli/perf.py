@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 from cli.clients import add_bootstrap, bootstrap_of, run_client
 from cli.main import CliError
-from common.cli_args import non_negative, positive
+from common.cli_args import non_negative, number, positive
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -329,7 +329,8 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     q.add_argument("--topic", required=True)
     q.add_argument("--num-records", type=positive("--num-records"), required=True)
     q.add_argument("--record-size", type=positive("--record-size"), required=True)
-    q.add_argument("--throughput", type=float, default=-1, help="records/sec; -1 = unthrottled (default)")
+    q.add_argument("--throughput", type=number("--throughput"), default=-1,
+                   help="records/sec; -1 = unthrottled (default)")
     q.add_argument("--reporting-interval", type=positive("--reporting-interval"), default=5_000, metavar="MS")
     _producer_args(q)
     add_bootstrap(q)
@@ -350,7 +351,7 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     q.add_argument("--topic", required=True)
     q.add_argument("--num-records", type=positive("--num-records"), default=10_000)
     q.add_argument("--record-size", type=positive("--record-size"), default=100)
-    q.add_argument("--throughput", type=float, default=1_000, help="records/sec (default 1000)")
+    q.add_argument("--throughput", type=number("--throughput"), default=1_000, help="records/sec (default 1000)")
     q.add_argument("--fetch-max-wait-ms", type=non_negative("--fetch-max-wait-ms"), default=500)
     q.add_argument("--timeout-ms", type=positive("--timeout-ms"), default=30_000,
                    help="how long to wait for the last records after sending")

@@ -42,6 +42,11 @@ def non_negative(name: str) -> Callable[[str], int]:
     return _bounded(name, int, "an integer", 0, None, strict=False)
 
 
+def number(name: str) -> Callable[[str], float]:
+    """Any finite number (e.g. a rate where -1 means "no limit")."""
+    return _bounded(name, float, "a number", float("-inf"), None, strict=False)
+
+
 def positive_float(name: str) -> Callable[[str], float]:
     """A number > 0 (seconds, rates)."""
     return _bounded(name, float, "a number", 0.0, None, strict=True)

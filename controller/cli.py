@@ -70,11 +70,11 @@ def run(args: argparse.Namespace) -> int:
     host, port = listen
     config = controller_config(parse_assignments(args.settings))
     data_dir = Path(args.data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
     configure("controller", "controller")
     from controller.journal import DataDirLockedError, JournalCorruptError
 
     try:
+        data_dir.mkdir(parents=True, exist_ok=True)  # a file in the way is an OSError, reported below
         return asyncio.run(serve(host, port, data_dir, config))
     except (JournalCorruptError, DataDirLockedError, OSError) as exc:
         # printed here rather than raised as cli.main.CliError: under ``python -m cli.main`` that

@@ -62,6 +62,8 @@ def test_help_lists_the_client_commands(capsys: pytest.CaptureFixture[str]) -> N
     (["cluster", "up", "--timeout", "nan"], "--timeout must be a finite number"),
     (["cluster", "down", "--timeout", "-1"], "--timeout must be >= 0"),
     (["demo", "--records", "0"], "--records must be > 0"),
+    (["perf", "produce", "--topic", "t", "--num-records", "1", "--record-size", "1", "--throughput", "nan"],
+     "--throughput must be a finite number"),
 ])
 def test_usage_errors_are_one_readable_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run(argv, capsys)

@@ -100,9 +100,14 @@ def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
 
     from tests.controller.proc_util import ROOT
 
-    for extra in (["--listen", "nowhere"], ["--listen", "127.0.0.1:0", "--set", "nope=1"],
-                  ["--listen", "127.0.0.1:0", "--set", "broker.session.timeout.ms=abc"]):
-        run = subprocess.run([sys.executable, "-m", "cli.main", "controller", "--data-dir", str(tmp_path / "d"),
+    a_file = tmp_path / "file"
+    a_file.write_text("not a directory")
+    for data_dir, extra in ((tmp_path / "d", ["--listen", "nowhere"]),
+                            (tmp_path / "d", ["--listen", "127.0.0.1:0", "--set", "nope=1"]),
+                            (tmp_path / "d", ["--listen", "127.0.0.1:0", "--set", "broker.session.timeout.ms=abc"]),
+                            (a_file, ["--listen", "127.0.0.1:0"])):  # once a FileExistsError traceback
+        run = subprocess.run([sys.executable, "-m", "cli.main", "controller", "--data-dir", str(data_dir),
                               *extra], cwd=ROOT, capture_output=True, timeout=60)
         assert run.returncode == 2, run.stderr
         assert run.stderr.decode().strip().count("\n") == 0 and b"error" in run.stderr, run.stderr
+    assert a_file.read_text() == "not a directory"
