@@ -58,7 +58,7 @@ def run(mode: str, directory: Path, steps: int, segment_bytes: int, keep: int, s
     names = itertools.count()
 
     def new_file() -> int:
-        files.append(directory / f"{next(names):020d}.log")
+        files.append(directory / f"write-loop-{os.getpid()}-{next(names):08d}.log")
         return os.open(files[-1], os.O_CREAT | os.O_WRONLY | os.O_APPEND | os.O_EXCL, 0o644)
 
     fd, size, cpu_us = new_file(), 0, []
@@ -110,7 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.directory.is_dir():
         parser.error(f"{args.directory} is not a directory")
     for mode in args.mode or MODES:
-        print(run(mode, args.directory, args.steps, args.segment_mib << 20, args.keep, args.slow_us), flush=True)
+        try:
+            line = run(mode, args.directory, args.steps, args.segment_mib << 20, args.keep, args.slow_us)
+        except OSError as exc:  # a read-only or full file system: one line, and run() removed its files
+            parser.exit(2, f"{parser.prog}: error: {mode}: {exc}\n")
+        print(line, flush=True)
     return 0
 
 

@@ -22,3 +22,12 @@ def test_refuses_a_directory_that_is_not_there(tmp_path: Path, capsys: pytest.Ca
     with pytest.raises(SystemExit) as exc:
         main([str(tmp_path / "nope")])
     assert exc.value.code == 2 and "is not a directory" in capsys.readouterr().err
+
+
+def test_a_directory_it_cannot_write_in_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # /proc takes no new files, not even from root (CI runs as root, so a chmod would not do)
+    with pytest.raises(SystemExit) as exc:
+        main(["/proc", "--steps", "5", "--mode", "inline"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "error: inline:" in err and "/proc/write-loop-" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
