@@ -81,10 +81,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register_perf(perf: argparse._SubParsersAction[Any]) -> None:
-    p = perf.add_parser("audit", help="export + Spark audit throughput on synthetic data dirs")
-    p.add_argument("--brokers", type=positive("--brokers"), default=3)
-    p.add_argument("--partitions", type=positive("--partitions"), default=4)
-    p.add_argument("--records", type=positive("--records"), default=50_000, help="records per partition")
-    p.add_argument("--batch", type=positive("--batch"), default=100, help="records per batch")
-    p.add_argument("--master", default="local[*]")
+    p = perf.add_parser("audit", help="export + Spark audit throughput on synthetic data dirs",
+                        description="Writes synthetic broker data dirs (every broker a replica of every "
+                                    "partition) and a matching workload history, then times `export` and the "
+                                    "Spark audit. Figures only; nothing is asserted.")
+    p.add_argument("--brokers", type=positive("--brokers"), default=3, help="replicas written (default 3)")
+    p.add_argument("--partitions", type=positive("--partitions"), default=4, help="partitions (default 4)")
+    p.add_argument("--records", type=positive("--records"), default=50_000,
+                   help="records per partition (default 50000)")
+    p.add_argument("--batch", type=positive("--batch"), default=100, help="records per batch (default 100)")
+    p.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     p.set_defaults(func=run)

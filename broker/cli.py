@@ -24,19 +24,26 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
 
     b = perf.add_parser("broker", help="produce to one broker vs a bare aiohttp server",
                         description="One partition, acks=1, batches of N x S-byte records over keep-alive HTTP; "
-                                    "the same client against a bare aiohttp server in the same run.")
-    b.add_argument("--requests", type=positive("--requests"), default=3000, help="produce requests per target")
-    b.add_argument("--records", type=positive("--records"), default=1000, help="records per batch")
-    b.add_argument("--record-size", type=non_negative("--record-size"), default=100)
-    b.add_argument("--concurrency", type=positive("--concurrency"), default=4, help="requests in flight")
-    b.add_argument("--rounds", type=positive("--rounds"), default=3, help="alternating rounds (bare, broker) to print")
+                                    "the same client against a bare aiohttp server in the same run, in "
+                                    "alternating rounds. Prints each round's rate and CPU, then the broker/bare "
+                                    "request-rate ratio per round with its median, the ratio over all rounds "
+                                    "together, and the CPU ratios. Figures only; nothing is asserted.")
+    b.add_argument("--requests", type=positive("--requests"), default=3000,
+                   help="produce requests per target and round (default 3000)")
+    b.add_argument("--records", type=positive("--records"), default=1000, help="records per batch (default 1000)")
+    b.add_argument("--record-size", type=non_negative("--record-size"), default=100,
+                   help="bytes of each record's value (default 100)")
+    b.add_argument("--concurrency", type=positive("--concurrency"), default=4, help="requests in flight (default 4)")
+    b.add_argument("--rounds", type=positive("--rounds"), default=3,
+                   help="alternating rounds, bare server then broker (default 3)")
     b.add_argument("--data-dir", type=Path, default=None, help="broker data dir (default: a temp dir)")
     b.add_argument("--bare", choices=("app", "lowlevel"), default="app",
                    help="the bare server: a web.Application with one route (default), or aiohttp's low-level "
                         "web.Server, which the broker itself uses")
     b.add_argument("--retained-mb", type=non_negative("--retained-mb"), default=256,
-                   help="log.retention.bytes in MiB for the broker's partition, checked every second, with "
-                        "64 MiB segments: the log stays bounded as a broker's does at steady state "
+                   help="log.retention.bytes in MiB for the broker's partition (default 256), checked every "
+                        "second, with segments of a quarter of it, at most 64 MiB: the log stays bounded as a "
+                        "broker's does at steady state "
                         "(0: unbounded, so every batch lands on fresh page-cache memory; see "
                         "docs/benchmarks/broker.md)")
     b.set_defaults(func=_run_perf)

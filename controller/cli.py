@@ -28,10 +28,12 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     p.set_defaults(func=run)
     b = perf.add_parser("controller", help="controller: create_topics rate, failover fan-out, replay",
                         description="Figures for the controller against stub brokers (controller/bench.py).")
-    b.add_argument("--brokers", type=positive("--brokers"), default=3)
-    b.add_argument("--topics", type=positive("--topics"), default=200)
-    b.add_argument("--partitions", type=positive("--partitions"), default=5)
-    b.add_argument("--replication-factor", type=positive("--replication-factor"), default=3)
+    b.add_argument("--brokers", type=positive("--brokers"), default=3, help="stub brokers (default 3)")
+    b.add_argument("--topics", type=positive("--topics"), default=200,
+                   help="topics created one request at a time (default 200)")
+    b.add_argument("--partitions", type=positive("--partitions"), default=5, help="partitions per topic (default 5)")
+    b.add_argument("--replication-factor", type=positive("--replication-factor"), default=3,
+                   help="replicas per partition, at most --brokers (default 3)")
     b.set_defaults(func=run_bench)
 
 
