@@ -32,9 +32,9 @@ def _bounded(name: str, convert: Callable[[str], N], kind: str, low: N, high: N 
     return parse
 
 
-def positive(name: str, maximum: int | None = None) -> Callable[[str], int]:
-    """An integer > 0 (and <= ``maximum`` when given)."""
-    return _bounded(name, int, "an integer", 0, maximum, strict=True)
+def positive(name: str) -> Callable[[str], int]:
+    """An integer > 0."""
+    return _bounded(name, int, "an integer", 0, None, strict=True)
 
 
 def non_negative(name: str) -> Callable[[str], int]:

@@ -426,8 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fetch-wait-ms", type=non_negative("--fetch-wait-ms"), default=500,
                         help="replica.fetch.wait.max.ms")
     parser.add_argument("--retained-mb", type=non_negative("--retained-mb"), default=256,
-                        help="log.retention.bytes per partition in MiB with 64 MiB segments, as broker.bench "
-                             "(a broker's steady state); 0: one growing 1 GiB segment")
+                        help="log.retention.bytes per partition in MiB, with segments of a quarter of it, at "
+                             "most 64 MiB, as broker.bench (a broker's steady state); 0: one growing 1 GiB segment")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a broker config for every broker (repeatable), e.g. --set "
                              "replica.fetch.min.bytes=200000; applied last, so it wins over --fetch-wait-ms "
