@@ -38,10 +38,19 @@ def add_controller(p: argparse.ArgumentParser) -> None:
                    help=f"the controller (default: $MINIBROKER_CONTROLLER or {DEFAULT_CONTROLLER})")
 
 
+def _given(flag: str | None, env: str, default: str) -> str:
+    """The flag's value when given (an empty one too: parse_bootstrap then says it is no HOST:PORT,
+    rather than the default being used unasked), else the environment variable when set and not empty,
+    else the default."""
+    if flag is not None:
+        return flag
+    return os.environ.get(env) or default
+
+
 def bootstrap_of(args: argparse.Namespace) -> list[str]:
     from client.metadata import parse_bootstrap
 
-    text = args.bootstrap or os.environ.get("MINIBROKER_BOOTSTRAP") or DEFAULT_BOOTSTRAP
+    text = _given(args.bootstrap, "MINIBROKER_BOOTSTRAP", DEFAULT_BOOTSTRAP)
     try:
         return parse_bootstrap(text)
     except ValueError as exc:
@@ -51,7 +60,7 @@ def bootstrap_of(args: argparse.Namespace) -> list[str]:
 def controller_of(args: argparse.Namespace) -> str:
     from client.metadata import parse_bootstrap
 
-    text = args.controller or os.environ.get("MINIBROKER_CONTROLLER") or DEFAULT_CONTROLLER
+    text = _given(args.controller, "MINIBROKER_CONTROLLER", DEFAULT_CONTROLLER)
     try:
         addresses = parse_bootstrap(text)
     except ValueError as exc:
@@ -122,42 +131,60 @@ def split_key(line: bytes, separator: bytes | None) -> tuple[bytes | None, bytes
 
 
 async def produce_main(args: argparse.Namespace, stdin: BinaryIO, out: TextIO) -> int:
-    from client.errors import error_name
+    from client.errors import ErrorCode, MinibrokerError, error_name
     from client.producer import DeliveryFuture, Producer, ProducerConfig, parse_acks
+
+    RECORD_ERRORS = {ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.RECORD_LIST_TOO_LARGE}
 
     config = ProducerConfig(acks=parse_acks(args.acks), linger_ms=args.linger_ms, batch_size=args.batch_size,
                             max_in_flight_requests_per_connection=args.max_in_flight,
                             delivery_timeout_ms=args.delivery_timeout_ms, max_block_ms=args.max_block_ms,
                             request_timeout_ms=min(args.delivery_timeout_ms, 30_000))
-    separator = args.key_separator.encode() if args.key_separator else None
+    if args.key_separator == "":
+        raise CliError("--key-separator must not be empty")
+    separator = args.key_separator.encode() if args.key_separator is not None else None
     counts = {"sent": 0, "acked": 0, "failed": 0}
     first_error: list[str] = []
 
-    def report(value: bytes, fut: DeliveryFuture) -> None:
+    def failed(line_no: int, value: bytes, exc: BaseException) -> None:
+        counts["failed"] += 1
+        if not first_error:
+            first_error.append(f"line {line_no}: {error_name(exc)}: {exc}")
+        if args.delivery_report:
+            out.write(json.dumps({"value": text_of(value), "error": error_name(exc)}) + "\n")
+
+    def report(line_no: int, value: bytes, fut: DeliveryFuture) -> None:
         exc = fut.exception()
-        if exc is None:
-            counts["acked"] += 1
-            meta = fut.result()
-            if args.delivery_report:
-                out.write(json.dumps({"value": text_of(value), "partition": meta.partition,
-                                      "offset": meta.offset}) + "\n")
-        else:
-            counts["failed"] += 1
-            if not first_error:
-                first_error.append(f"{error_name(exc)}: {exc}")
-            if args.delivery_report:
-                out.write(json.dumps({"value": text_of(value), "error": error_name(exc)}) + "\n")
+        if exc is not None:
+            failed(line_no, value, exc)
+            return
+        counts["acked"] += 1
+        meta = fut.result()
+        if args.delivery_report:
+            out.write(json.dumps({"value": text_of(value), "partition": meta.partition,
+                                  "offset": meta.offset}) + "\n")
 
     producer = Producer(bootstrap_of(args), config)
     progress = asyncio.create_task(report_progress(counts, args.progress_interval_ms))
     try:
         await producer.start()
         await producer.partitions_for(args.topic)
+        line_no = 0
         async for lines in read_lines(stdin):
             for line in lines:
+                line_no += 1
                 key, value = split_key(line, separator)
-                fut = await producer.send(args.topic, value, key=key, partition=args.partition)
-                fut.add_done_callback(functools.partial(report, value))
+                try:
+                    fut = await producer.send(args.topic, value, key=key, partition=args.partition)
+                except MinibrokerError as exc:
+                    if exc.code not in RECORD_ERRORS:
+                        raise
+                    # this record alone is refused (too large): report it and go on with the next line, as
+                    # Kafka's console producer does (its send hands the error to the record's callback)
+                    counts["sent"] += 1
+                    failed(line_no, value, exc)
+                    continue
+                fut.add_done_callback(functools.partial(report, line_no, value))
                 counts["sent"] += 1
         await producer.flush()
         await asyncio.sleep(0)  # let the last done-callbacks run
@@ -179,6 +206,8 @@ async def report_progress(counts: dict[str, int], interval_ms: int) -> None:
         return
     while True:
         await asyncio.sleep(interval_ms / 1000)
+        if not counts["sent"]:  # still waiting for metadata: nothing to report yet
+            continue
         print(f"minibroker: {counts['sent']} sent, {counts['acked']} acknowledged, {counts['failed']} failed",
               file=sys.stderr, flush=True)
 

@@ -83,8 +83,10 @@ def describe_text(doc: dict[str, Any]) -> str:
 async def describe_main(args: argparse.Namespace) -> int:
     from client.admin import Admin
 
+    if args.name == "":  # not "every topic", which is what leaving NAME out asks for
+        raise CliError("topic name must not be empty (leave NAME out to describe every topic)")
     async with Admin(controller_of(args)) as admin:
-        doc = await admin.describe([args.name] if args.name else None)
+        doc = await admin.describe([args.name] if args.name is not None else None)
     if args.name and not doc["topics"]:
         raise CliError(f"unknown topic {args.name!r}", status=1)
     missing = [t for t in doc["topics"] if t.get("error")]

@@ -65,8 +65,9 @@ class Positions:
 
     def seek(self, tp: TopicPartition, offset: int | None) -> None:
         self.get(tp)
-        if offset is not None and offset < 0:
-            raise ValueError(f"offset must be >= 0, got {offset}")
+        # negative: Kafka's seek refuses it too; beyond 2**63 - 1 no fetch request could carry it
+        if offset is not None and not 0 <= offset <= 2**63 - 1:
+            raise ValueError(f"offset must be >= 0 and < 2**63, got {offset}")
         self._state[tp] = PartitionPosition(offset)
 
     def needs_reset(self) -> list[TopicPartition]:

@@ -14,6 +14,14 @@ from typing import TypeVar
 
 N = TypeVar("N", int, float)
 
+# No count, size, offset or duration of ours goes beyond a signed 64-bit integer (the wire's and Kafka's
+# LONG); a larger value is refused here rather than failing in msgpack's encoder later.
+INT64_MAX = 2**63 - 1
+
+
+def _show(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
 
 def _bounded(name: str, convert: Callable[[str], N], kind: str, low: N, high: N | None,
              strict: bool) -> Callable[[str], N]:
@@ -22,24 +30,24 @@ def _bounded(name: str, convert: Callable[[str], N], kind: str, low: N, high: N 
             value = convert(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} must be {kind}, got {text!r}") from None
-        if not math.isfinite(value):  # inf or nan: no run is meant to last forever
+        if isinstance(value, float) and not math.isfinite(value):  # inf or nan: no run is meant to last forever
             raise argparse.ArgumentTypeError(f"{name} must be a finite number, got {text}")
         if value < low or (strict and value == low):
-            raise argparse.ArgumentTypeError(f"{name} must be {'>' if strict else '>='} {low:g}, got {text}")
+            raise argparse.ArgumentTypeError(f"{name} must be {'>' if strict else '>='} {_show(low)}, got {text}")
         if high is not None and value > high:
-            raise argparse.ArgumentTypeError(f"{name} must be at most {high:g}, got {text}")
+            raise argparse.ArgumentTypeError(f"{name} must be at most {_show(high)}, got {text}")
         return value
     return parse
 
 
 def positive(name: str) -> Callable[[str], int]:
     """An integer > 0."""
-    return _bounded(name, int, "an integer", 0, None, strict=True)
+    return _bounded(name, int, "an integer", 0, INT64_MAX, strict=True)
 
 
 def non_negative(name: str) -> Callable[[str], int]:
     """An integer >= 0."""
-    return _bounded(name, int, "an integer", 0, None, strict=False)
+    return _bounded(name, int, "an integer", 0, INT64_MAX, strict=False)
 
 
 def number(name: str) -> Callable[[str], float]:

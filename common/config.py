@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 DAY_MS = 24 * 60 * 60 * 1000
+# Kafka's INT and LONG config types. A value beyond them would not fit the wire or the controller's journal.
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +27,7 @@ class ConfigDef:
     doc: str
     topic_name: str | None = None  # the per-topic override, when Kafka allows one
     min_value: int | None = None
+    max_value: int = INT64_MAX  # INT32_MAX where Kafka declares the config an INT
 
 
 def _defs(*items: ConfigDef) -> dict[str, ConfigDef]:
@@ -33,56 +37,66 @@ def _defs(*items: ConfigDef) -> dict[str, ConfigDef]:
 BROKER_CONFIGS: dict[str, ConfigDef] = _defs(
     # log
     ConfigDef("log.segment.bytes", int, 1024 * 1024 * 1024, "segment file size before a roll",
-              "segment.bytes", 1024),
+              "segment.bytes", 1024, max_value=INT32_MAX),
     ConfigDef("log.roll.ms", int, 7 * DAY_MS, "segment age before a roll", "segment.ms", 1),
     ConfigDef("log.retention.bytes", int, -1, "max log size (-1 = unlimited)", "retention.bytes"),
-    ConfigDef("log.retention.ms", int, 7 * DAY_MS, "max record age (-1 = unlimited)", "retention.ms"),
+    ConfigDef("log.retention.ms", int, 7 * DAY_MS, "max record age (-1 = unlimited)", "retention.ms",
+              -1),
     ConfigDef("log.index.interval.bytes", int, 4096, "bytes between offset index entries",
-              "index.interval.bytes", 0),
-    ConfigDef("log.flush.interval.messages", int, 2**63 - 1, "fsync after this many messages",
+              "index.interval.bytes", 0, max_value=INT32_MAX),
+    ConfigDef("log.flush.interval.messages", int, INT64_MAX, "fsync after this many messages",
               "flush.messages", 1),
-    ConfigDef("log.flush.interval.ms", int, 2**63 - 1, "fsync after this long", "flush.ms", 0),
+    ConfigDef("log.flush.interval.ms", int, INT64_MAX, "fsync after this long", "flush.ms", 0),
     ConfigDef("log.retention.check.interval.ms", int, 300_000, "how often retention runs", None, 1),
     ConfigDef("log.flush.offset.checkpoint.interval.ms", int, 60_000,
-              "recovery-point checkpoint interval", None, 1),
+              "recovery-point checkpoint interval", None, 1, max_value=INT32_MAX),
     ConfigDef("message.max.bytes", int, 1024 * 1024 + 12, "largest record batch accepted",
-              "max.message.bytes", 0),
+              "max.message.bytes", 0, max_value=INT32_MAX),
     # replication
-    ConfigDef("min.insync.replicas", int, 1, "ISR size needed for acks=all", "min.insync.replicas", 1),
+    ConfigDef("min.insync.replicas", int, 1, "ISR size needed for acks=all", "min.insync.replicas", 1,
+              max_value=INT32_MAX),
     ConfigDef("unclean.leader.election.enable", bool, False, "elect an out-of-sync replica if no ISR is live",
               "unclean.leader.election.enable"),
     ConfigDef("replica.lag.time.max.ms", int, 30_000, "follower not caught up this long leaves the ISR",
               None, 1),
     ConfigDef("replica.high.watermark.checkpoint.interval.ms", int, 5_000, "HW checkpoint interval",
               None, 1),
-    ConfigDef("num.replica.fetchers", int, 1, "fetcher tasks per source broker", None, 1),
-    ConfigDef("replica.fetch.wait.max.ms", int, 500, "follower fetch long-poll wait", None, 0),
+    ConfigDef("num.replica.fetchers", int, 1, "fetcher tasks per source broker", None, 1, max_value=INT32_MAX),
+    ConfigDef("replica.fetch.wait.max.ms", int, 500, "follower fetch long-poll wait", None, 0, max_value=INT32_MAX),
     ConfigDef("replica.fetch.min.bytes", int, 1,
               "follower fetch waits at the leader for this many bytes (at most replica.fetch.wait.max.ms): "
-              "fewer, larger fetches for throughput, slower acks=all under light load", None, 1),
-    ConfigDef("replica.fetch.max.bytes", int, 1024 * 1024, "follower fetch bytes per partition", None, 1),
+              "fewer, larger fetches for throughput, slower acks=all under light load", None, 1, max_value=INT32_MAX),
+    ConfigDef("replica.fetch.max.bytes", int, 1024 * 1024, "follower fetch bytes per partition", None, 1,
+              max_value=INT32_MAX),
     ConfigDef("replica.fetch.response.max.bytes", int, 10 * 1024 * 1024, "follower fetch bytes per response",
-              None, 1),
-    ConfigDef("replica.fetch.backoff.ms", int, 1_000, "park a failing partition this long", None, 0),
-    ConfigDef("replica.socket.timeout.ms", int, 30_000, "follower request timeout", None, 1),
-    ConfigDef("request.timeout.ms", int, 30_000, "upper bound on a delayed produce", None, 1),
+              None, 1, max_value=INT32_MAX),
+    ConfigDef("replica.fetch.backoff.ms", int, 1_000, "park a failing partition this long", None, 0,
+              max_value=INT32_MAX),
+    ConfigDef("replica.socket.timeout.ms", int, 30_000, "follower request timeout", None, 1, max_value=INT32_MAX),
+    ConfigDef("request.timeout.ms", int, 30_000, "upper bound on a delayed produce", None, 1, max_value=INT32_MAX),
     # controller link
-    ConfigDef("broker.heartbeat.interval.ms", int, 2_000, "broker -> controller heartbeat interval", None, 1),
-    ConfigDef("broker.session.timeout.ms", int, 9_000, "broker fenced after this silence", None, 1),
+    ConfigDef("broker.heartbeat.interval.ms", int, 2_000, "broker -> controller heartbeat interval", None, 1,
+              max_value=INT32_MAX),
+    ConfigDef("broker.session.timeout.ms", int, 9_000, "broker fenced after this silence", None, 1,
+              max_value=INT32_MAX),
     ConfigDef("controlled.shutdown.enable", bool, True, "move leaderships away before stopping"),
     ConfigDef("controlled.shutdown.max.wait.ms", int, 30_000, "bound on controlled shutdown", None, 0),
 )
 
 CONTROLLER_CONFIGS: dict[str, ConfigDef] = _defs(
-    ConfigDef("broker.heartbeat.interval.ms", int, 2_000, "heartbeat interval told to brokers", None, 1),
-    ConfigDef("broker.session.timeout.ms", int, 9_000, "broker fenced after this silence", None, 1),
+    ConfigDef("broker.heartbeat.interval.ms", int, 2_000, "heartbeat interval told to brokers", None, 1,
+              max_value=INT32_MAX),
+    ConfigDef("broker.session.timeout.ms", int, 9_000, "broker fenced after this silence", None, 1,
+              max_value=INT32_MAX),
     ConfigDef("auto.leader.rebalance.enable", bool, True, "move leadership back to preferred replicas"),
     ConfigDef("leader.imbalance.check.interval.seconds", int, 300, "preferred election timer", None, 1),
-    ConfigDef("leader.imbalance.per.broker.percentage", int, 10, "imbalance threshold per broker", None, 0),
-    ConfigDef("default.replication.factor", int, 1, "replication factor when none is given", None, 1),
-    ConfigDef("num.partitions", int, 1, "partitions when none are given", None, 1),
+    ConfigDef("leader.imbalance.per.broker.percentage", int, 10, "imbalance threshold per broker", None, 0,
+              max_value=INT32_MAX),
+    ConfigDef("default.replication.factor", int, 1, "replication factor when none is given", None, 1,
+              max_value=INT32_MAX),
+    ConfigDef("num.partitions", int, 1, "partitions when none are given", None, 1, max_value=INT32_MAX),
     ConfigDef("metadata.snapshot.interval.records", int, 1_000, "journal records between snapshots", None, 1),
-    ConfigDef("min.insync.replicas", int, 1, "default for new topics", None, 1),
+    ConfigDef("min.insync.replicas", int, 1, "default for new topics", None, 1, max_value=INT32_MAX),
     ConfigDef("unclean.leader.election.enable", bool, False, "default for new topics"),
 )
 
@@ -93,7 +107,10 @@ class ConfigError(ValueError):
     """A bad key or value; the message says which and why."""
 
 
-def parse_value(d: ConfigDef, raw: Any) -> Any:
+def parse_value(d: ConfigDef, raw: Any, key: str | None = None) -> Any:
+    """``raw`` as ``d``'s type; ``ConfigError`` names ``key`` (the name the user gave, e.g. a topic's
+    ``retention.ms`` for ``log.retention.ms``)."""
+    key = key or d.name
     if d.type is bool:
         if isinstance(raw, bool):
             return raw
@@ -102,16 +119,19 @@ def parse_value(d: ConfigDef, raw: Any) -> Any:
             return True
         if text in ("false", "0", "no"):
             return False
-        raise ConfigError(f"{d.name}: expected true or false, got {raw!r}")
+        raise ConfigError(f"{key}: expected true or false, got {raw!r}")
     if d.type is int:
         if isinstance(raw, bool):
-            raise ConfigError(f"{d.name}: expected an integer, got {raw!r}")
+            raise ConfigError(f"{key}: expected an integer, got {raw!r}")
         try:
             value = int(raw)
         except (TypeError, ValueError):
-            raise ConfigError(f"{d.name}: expected an integer, got {raw!r}") from None
-        if d.min_value is not None and value < d.min_value:
-            raise ConfigError(f"{d.name}: must be >= {d.min_value}, got {value}")
+            raise ConfigError(f"{key}: expected an integer, got {raw!r}") from None
+        low = -INT64_MAX - 1 if d.min_value is None else d.min_value
+        if value < low:
+            raise ConfigError(f"{key}: must be >= {low}, got {value}")
+        if value > d.max_value:
+            raise ConfigError(f"{key}: must be at most {d.max_value}, got {value}")
         return value
     return str(raw)
 
@@ -180,5 +200,5 @@ def validate_topic_configs(configs: Mapping[str, Any]) -> dict[str, Any]:
         d = TOPIC_CONFIGS.get(key)
         if d is None:
             raise ConfigError(f"unknown topic config {key!r} (known: {', '.join(sorted(TOPIC_CONFIGS))})")
-        out[key] = parse_value(d, raw)
+        out[key] = parse_value(d, raw, key)
     return out

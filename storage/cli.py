@@ -7,6 +7,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from common.cli_args import non_negative, positive
+
+MIN_BATCH, MAX_BATCH = 200, 64 * 1024 * 1024  # perf storage --batch-sizes: a header and a record; 64 MiB
+
 
 def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAction[Any]) -> None:
     dump = sub.add_parser("dump-log", help="print the batches of a .log file or partition directory as JSON lines",
@@ -23,10 +27,14 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     bench = perf.add_parser("storage", help="Log append/read throughput next to raw os.write/os.pread",
                             description="Storage benchmark: prints MB/s, batches/s and log/raw ratios.")
     bench.add_argument("--dir", type=Path, default=None, help="where to write (default: the system temp dir)")
-    bench.add_argument("--total-mib", type=int, default=128, help="MiB written per batch size (default 128)")
-    bench.add_argument("--batch-sizes", default="16384,1048576", help="comma-separated batch sizes in bytes")
-    bench.add_argument("--record-bytes", type=int, default=100, help="value size of each record (default 100)")
-    bench.add_argument("--repeat", type=int, default=5, help="measured runs after the warm-up (default 5)")
+    bench.add_argument("--total-mib", type=positive("--total-mib"), default=128,
+                       help="MiB written per batch size (default 128)")
+    bench.add_argument("--batch-sizes", default="16384,1048576",
+                       help=f"comma-separated batch sizes in bytes, {MIN_BATCH}-{MAX_BATCH} (default 16384,1048576)")
+    bench.add_argument("--record-bytes", type=non_negative("--record-bytes"), default=100,
+                       help="value size of each record (default 100)")
+    bench.add_argument("--repeat", type=positive("--repeat"), default=5,
+                       help="measured runs after the warm-up (default 5)")
     bench.set_defaults(func=_perf)
 
 
@@ -62,7 +70,9 @@ def _perf(args: argparse.Namespace) -> int:
         sizes = [int(s) for s in args.batch_sizes.split(",") if s.strip()]
     except ValueError:
         raise CliError(f"--batch-sizes: expected integers, got {args.batch_sizes!r}") from None
-    if not sizes or min(sizes) < 200 or args.total_mib < 1 or args.record_bytes < 0 or args.repeat < 1:
-        raise CliError("need batch sizes >= 200, --total-mib >= 1, --record-bytes >= 0, --repeat >= 1")
+    if not sizes or not all(MIN_BATCH <= size <= MAX_BATCH for size in sizes):
+        raise CliError(f"--batch-sizes: each must be {MIN_BATCH}-{MAX_BATCH} bytes, got {args.batch_sizes!r}")
+    if args.dir is not None and not args.dir.is_dir():
+        raise CliError(f"--dir {args.dir}: not a directory")
     run(args.dir, args.total_mib, sizes, args.record_bytes, args.repeat)
     return 0

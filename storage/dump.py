@@ -38,6 +38,7 @@ from storage.record_batch import (
     parse_header,
     validate_batch,
 )
+from storage.segment import segment_base
 
 
 class DumpError(Exception):
@@ -45,10 +46,18 @@ class DumpError(Exception):
 
 
 def log_files(path: Path) -> list[Path]:
+    """A file as given (any name, e.g. a copied segment); in a directory, its segment files
+    (``<20-digit base offset>.log``) in offset order, never other ``.log`` files such as a process log."""
     if path.is_dir():
-        return sorted(p for p in path.iterdir() if p.suffix == ".log" and p.is_file())
+        files = sorted((p for p in path.iterdir() if segment_base(p.name) is not None and p.is_file()),
+                       key=lambda p: p.name)
+        if not files:
+            raise DumpError(f"{path}: no segment files (<20-digit base offset>.log) in this directory")
+        return files
     if path.is_file():
         return [path]
+    if path.exists():
+        raise DumpError(f"{path}: not a regular file or a directory")
     raise DumpError(f"{path}: no such file or directory")
 
 

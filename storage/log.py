@@ -78,7 +78,7 @@ from storage.record_batch import (
     BatchTooShortError,
     InvalidBatchError,
 )
-from storage.segment import BatchMeta, LogSegment, log_path
+from storage.segment import BatchMeta, LogSegment, log_path, segment_base
 
 EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 _NEVER_MS = 2**63 - 1  # flush.ms default: no time-based flush
@@ -246,10 +246,11 @@ class Log:
         bases = []
         for path in self.dir.iterdir():
             name, _, ext = path.name.partition(".")
+            base = segment_base(path.name)
             if path.name.endswith((".tmp", ".deleted", ".cleaned", ".swap")):
                 path.unlink(missing_ok=True)
-            elif ext == "log" and name.isdigit() and len(name) == 20:
-                bases.append(int(name))
+            elif base is not None:
+                bases.append(base)
             elif ext in ("index", "timeindex") and not (self.dir / f"{name}.log").exists():
                 path.unlink(missing_ok=True)
         return sorted(bases)

@@ -56,6 +56,14 @@ def log_path(dir: Path, base: int) -> Path:
     return dir / f"{base:020d}.log"
 
 
+def segment_base(name: str) -> int | None:
+    """The base offset of a segment file named ``<20 digits>.log``, else None."""
+    stem, dot, ext = name.partition(".")
+    if dot and ext == "log" and len(stem) == 20 and stem.isascii() and stem.isdigit():
+        return int(stem)
+    return None
+
+
 class LogSegment:
     def __init__(self, dir: Path, base_offset: int, fd: int, index_interval_bytes: int, created_ms: int) -> None:
         self.dir = dir

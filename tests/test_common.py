@@ -39,6 +39,25 @@ def test_config_defaults_overrides_and_errors() -> None:
         parse_assignments(["novalue"])
 
 
+def test_config_integers_have_kafkas_ranges() -> None:
+    # Kafka's INT configs stop at 2**31 - 1, its LONG ones at 2**63 - 1 (beyond, no wire or journal carries them)
+    assert validate_topic_configs({"segment.bytes": str(2**31 - 1)})["segment.bytes"] == 2**31 - 1
+    with pytest.raises(ConfigError, match="at most 2147483647"):
+        validate_topic_configs({"min.insync.replicas": "99999999999999999999999"})
+    assert validate_topic_configs({"retention.bytes": str(2**63 - 1)})["retention.bytes"] == 2**63 - 1
+    with pytest.raises(ConfigError, match="at most 9223372036854775807"):
+        validate_topic_configs({"segment.ms": str(2**63)})
+    assert validate_topic_configs({"retention.bytes": str(-2**63)})["retention.bytes"] == -2**63
+    with pytest.raises(ConfigError, match=">= -9223372036854775808"):
+        validate_topic_configs({"retention.bytes": str(-2**63 - 1)})
+    # retention.ms: -1 is "unlimited"; below it is an error, as Kafka's atLeast(-1)
+    assert validate_topic_configs({"retention.ms": "-1"})["retention.ms"] == -1
+    with pytest.raises(ConfigError, match=">= -1"):
+        validate_topic_configs({"retention.ms": "-7"})
+    with pytest.raises(ConfigError, match="at most"):
+        broker_config({"replica.fetch.max.bytes": str(2**31)})
+
+
 def test_wire_decoding_rejects_garbage_with_readable_errors() -> None:
     assert decode_body(encode({"a": 1})) == {"a": 1}
     with pytest.raises(BadRequest, match="not valid msgpack"):

@@ -64,6 +64,8 @@ def test_help_lists_the_client_commands(capsys: pytest.CaptureFixture[str]) -> N
     (["demo", "--records", "0"], "--records must be > 0"),
     (["perf", "produce", "--topic", "t", "--num-records", "1", "--record-size", "1", "--throughput", "nan"],
      "--throughput must be a finite number"),
+    # an offset no request can carry once reached msgpack's encoder mid-poll (OverflowError)
+    (["consume", "t", "--offset", str(2**64)], "--offset must be at most 9223372036854775807"),
 ])
 def test_usage_errors_are_one_readable_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run(argv, capsys)
@@ -77,7 +79,17 @@ def test_usage_errors_are_one_readable_line(argv: list[str], message: str, capsy
      "unknown topic config 'nope'"),
     (["topics", "create", "t", "--partitions", "1", "--replication-factor", "1", "--config", "min.insync.replicas"],
      "key=value"),
+    # beyond Kafka's INT: once accepted here, then failed in the controller's journal as "no answer"
+    (["topics", "create", "t", "--partitions", "1", "--replication-factor", "1", "--config",
+      "min.insync.replicas=99999999999999999999999"], "min.insync.replicas: must be at most 2147483647"),
+    (["topics", "create", "t", "--partitions", "1", "--replication-factor", "1", "--config", "retention.ms=-7"],
+     "retention.ms: must be >= -1"),
     (["produce", "t", "--bootstrap", "localhost"], "expected HOST:PORT"),
+    # an explicitly empty value is an error, not the default used unasked
+    (["produce", "t", "--bootstrap", ""], "--bootstrap: no bootstrap address given"),
+    (["topics", "list", "--controller", ""], "--controller: no bootstrap address given"),
+    (["topics", "describe", ""], "topic name must not be empty"),
+    (["produce", "t", "--key-separator", ""], "--key-separator must not be empty"),
     (["topics", "list", "--controller", "a:1,b:2"], "one HOST:PORT"),
 ])
 def test_bad_values_are_reported_without_contacting_anything(argv: list[str], message: str,

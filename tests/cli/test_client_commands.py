@@ -69,6 +69,22 @@ async def test_produce_reports_failures_and_exits_non_zero(fake: FakeCluster) ->
     assert "2 of 2 records were not acknowledged" in err and "Traceback" not in err
 
 
+async def test_an_oversized_line_fails_alone_and_the_next_lines_are_still_sent(fake: FakeCluster) -> None:
+    # as Kafka's console producer: the too-large record gets its error, the lines around it are delivered
+    big = b"z" * (1024 * 1024 + 10)
+    status, out, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "0",
+                                 "--delivery-report", stdin=b"first\n" + big + b"\nlast\n")
+    assert status == 1 and "Traceback" not in err
+    reports = [json.loads(line) for line in out.splitlines()]
+    assert sorted(r["value"][:5] for r in reports) == ["first", "last", "zzzzz"]
+    assert [r["error"] for r in reports if "error" in r] == ["MESSAGE_TOO_LARGE"]
+    assert "1 of 3 records were not acknowledged (first error: line 2: MESSAGE_TOO_LARGE" in err
+    status, out, err = await run("consume", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "0",
+                                 "--offset", "0", "--timeout-ms", "500")
+    assert status == 0, err
+    assert out.splitlines() == ["first", "last"]
+
+
 async def test_unknown_topic_and_partition_are_one_line_errors(fake: FakeCluster) -> None:
     status, _, err = await run("produce", "nope", "--bootstrap", fake.bootstrap, "--max-block-ms", "300",
                                stdin=b"x\n")

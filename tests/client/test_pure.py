@@ -146,6 +146,9 @@ def test_positions_skip_records_below_position_and_discard_moved_fetches() -> No
     assert pos.accept(TP0, 7, [rec(5), rec(6)]) == []  # never twice
     with pytest.raises(ValueError, match=">= 0"):
         pos.seek(TP0, -3)
+    with pytest.raises(ValueError, match="< 2\\*\\*63"):
+        pos.seek(TP0, 2**64)  # would fail later in msgpack's encoder, in the middle of a poll
+    assert pos.get(TP0).offset == 7
     with pytest.raises(KeyError):
         pos.get(TP1)
 

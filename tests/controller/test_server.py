@@ -137,6 +137,10 @@ async def test_create_topic_errors(h: Harness) -> None:
     assert await h.create("a", 1, 1) == 0
     assert await h.create("a", 1, 1) == ErrorCode.TOPIC_ALREADY_EXISTS
     assert await h.create("c", 1, 1, {"segment.bytes": "lots"}) == ErrorCode.INVALID_CONFIG
+    # beyond a 64-bit integer: refused, not a failed journal write ("no answer for the topic")
+    assert await h.create("c", 1, 1, {"min.insync.replicas": str(10**23)}) == ErrorCode.INVALID_CONFIG
+    assert await h.create("c", 1, 1, {"retention.bytes": str(2**64)}) == ErrorCode.INVALID_CONFIG
+    assert await h.create("c", 1, 1, {"retention.ms": "1"}) == 0  # the controller still serves
     md = await h.call("metadata", {"topics": ["nope"]})
     assert md["topics"][0]["error"] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 

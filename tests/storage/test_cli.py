@@ -86,12 +86,53 @@ def test_dump_log_missing_path(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "no such file" in capsys.readouterr().err
 
 
+def test_dump_log_reads_only_segment_files_and_says_when_there_are_none(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pdir = _log_dir(tmp_path, batches=2)
+    # a process's text log beside the segments (a cluster's data dir has broker-1.log) is not a segment
+    (pdir / "broker-1.log").write_text('{"event": "started"}\n')
+    capsys.readouterr()
+    assert main(["dump-log", str(pdir)]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(lines) == 2 and all(x["valid"] and x["file"].endswith("00000000000000000000.log") for x in lines)
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.log").write_text("text")
+    (empty / f"{0:020d}.log").mkdir()  # a directory with a segment's name holds no batches either
+    assert main(["dump-log", str(empty)]) == 2
+    assert "no segment files" in capsys.readouterr().err
+
+
+def test_dump_log_refuses_what_is_not_a_file(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["dump-log", "/dev/null"]) == 2
+    err = capsys.readouterr().err
+    assert "not a regular file" in err and "no such file" not in err
+
+
 def test_perf_storage_prints_figures(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "cli.main", "perf", "storage", "--dir", str(tmp_path),
                           "--total-mib", "1", "--batch-sizes", "16384", "--repeat", "1"],
                          capture_output=True, text=True, timeout=120, check=True).stdout
     assert "append" in out and "read 1 MiB fetches" in out and "ratio" in out
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--repeat", "0"], "--repeat must be > 0"),
+    (["--record-bytes", "-1"], "--record-bytes must be >= 0"),
+    (["--batch-sizes", "100"], "each must be 200-67108864 bytes"),
+    (["--dir", "/nonexistent/dir"], "not a directory"),  # was a FileNotFoundError traceback
+])
+def test_perf_storage_refuses_bad_values_before_writing(argv: list[str], message: str,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        status = main(["perf", "storage", *argv])
+    except SystemExit as exc:  # argparse's own usage errors
+        status = exc.code
+    assert status == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
 
 
 def test_help() -> None:
