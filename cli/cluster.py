@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -31,10 +32,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from cli.main import CliError
 from common.cli_args import non_negative_float, port, positive, positive_float
+from common.config import ConfigError, broker_config, controller_config, parse_assignments
 from common.http import RpcClient, RpcError
 
 DEFAULT_BASE_PORT = 9090
@@ -107,6 +109,7 @@ def plan(data_dir: Path, brokers: int, base_port: int, host: str = DEFAULT_HOST,
         raise CliError(f"--brokers must be >= 1, got {brokers}")
     if base_port < 1 or base_port + brokers > 65535:
         raise CliError(f"--base-port {base_port} leaves no room for {brokers} brokers")
+    check_settings(settings, controller_settings)
     root = data_dir.resolve()
     members = [Member("controller", "controller", None, host, base_port, str(root / "controller"),
                       str(root / "controller.log"))]
@@ -115,6 +118,16 @@ def plan(data_dir: Path, brokers: int, base_port: int, host: str = DEFAULT_HOST,
                               str(root / f"broker-{i}.log")))
     return ClusterSpec(str(root), host, base_port, tuple(members), tuple(settings), tuple(controller_settings),
                        tuple(exec_argv))
+
+
+def check_settings(settings: Sequence[str], controller_settings: Sequence[str]) -> None:
+    """``--set`` / ``--controller-set`` items the members would refuse, refused before anything starts."""
+    for flag, items, resolve in (("--set", settings, broker_config),
+                                 ("--controller-set", controller_settings, controller_config)):
+        try:
+            resolve(parse_assignments(items))
+        except ConfigError as exc:
+            raise CliError(f"{flag}: {exc}") from None
 
 
 def minibroker_argv(python: str = sys.executable) -> list[str]:
@@ -162,19 +175,89 @@ def save(spec: ClusterSpec) -> None:
 def load(data_dir: Path) -> ClusterSpec:
     path = data_dir / CLUSTER_FILE
     try:
-        doc = json.loads(path.read_text())
-        members = tuple(Member(name=m["name"], kind=m["kind"], node_id=m["node_id"], host=m["host"],
-                               port=int(m["port"]), data_dir=m["data_dir"], log=m["log"], pid=m.get("pid"),
-                               netns=m.get("netns"))
-                        for m in doc["members"])
-        return ClusterSpec(doc["data_dir"], doc["host"], int(doc["base_port"]), members,
-                           tuple(doc.get("settings") or ()), tuple(doc.get("controller_settings") or ()),
-                           tuple(doc.get("exec") or ()))
+        text = path.read_bytes()
     except FileNotFoundError:
         raise CliError(f"no cluster in {data_dir} (no {CLUSTER_FILE}); start one with `minibroker cluster up`"
                        ) from None
-    except (ValueError, KeyError, TypeError) as exc:
+    except OSError as exc:
+        if data_dir.exists() and not data_dir.is_dir():
+            raise CliError(f"{data_dir} is not a directory (--data-dir, or $MINIBROKER_DATA_DIR, names the "
+                           "cluster directory)") from None
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise CliError(f"{path} is not a valid cluster file: not JSON ({exc})") from None
+    try:
+        return _spec_from_doc(doc)
+    except _BadClusterFile as exc:
         raise CliError(f"{path} is not a valid cluster file: {exc}") from None
+
+
+class _BadClusterFile(Exception):
+    pass
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    """A JSON integer (not a bool, not a float)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _strings(doc: dict[str, Any], key: str) -> tuple[str, ...]:
+    value = doc.get(key) or []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _BadClusterFile(f"{key!r} is not a list of strings")
+    return tuple(value)
+
+
+def _spec_from_doc(doc: Any) -> ClusterSpec:
+    """A ``ClusterSpec`` from a parsed cluster.json, checking the type of every field it uses (the file may
+    be hand-edited): ``_BadClusterFile`` says what is wrong in plain words."""
+    if not isinstance(doc, dict):
+        raise _BadClusterFile("it is not a JSON object")
+    for key in ("data_dir", "host"):
+        if not isinstance(doc.get(key), str) or not doc[key]:
+            raise _BadClusterFile(f"{key!r} is missing or not a non-empty string")
+    if not _is_int(doc.get("base_port")):
+        raise _BadClusterFile("'base_port' is missing or not an integer")
+    raw_members = doc.get("members")
+    if not isinstance(raw_members, list) or not raw_members:
+        raise _BadClusterFile("'members' is missing or not a non-empty list")
+    members = tuple(_member_from_doc(i, m) for i, m in enumerate(raw_members, 1))
+    if sum(m.kind == "controller" for m in members) != 1:
+        raise _BadClusterFile("it needs exactly one member of kind 'controller'")
+    names = [m.name for m in members]
+    if len(set(names)) != len(names):
+        raise _BadClusterFile("two members have the same name")
+    return ClusterSpec(doc["data_dir"], doc["host"], doc["base_port"], members, _strings(doc, "settings"),
+                       _strings(doc, "controller_settings"), _strings(doc, "exec"))
+
+
+def _member_from_doc(i: int, m: Any) -> Member:
+    if not isinstance(m, dict):
+        raise _BadClusterFile(f"member {i} is not a JSON object")
+    label = f"member {i}" + (f" ({m['name']})" if isinstance(m.get("name"), str) else "")
+    # data_dir must not be empty: is_running matches it against a pid's command line
+    for key in ("name", "host", "data_dir", "log"):
+        if not isinstance(m.get(key), str) or not m[key]:
+            raise _BadClusterFile(f"{label} has no {key} (a non-empty string)")
+    if m.get("kind") not in ("controller", "broker"):
+        raise _BadClusterFile(f"{label} has kind {m.get('kind')!r}; expected 'controller' or 'broker'")
+    node_id = m.get("node_id")
+    if m["kind"] == "broker" and not (_is_int(node_id) and node_id >= 0):
+        raise _BadClusterFile(f"{label} has no integer node_id")
+    if m["kind"] == "controller" and node_id is not None:
+        raise _BadClusterFile(f"{label} is the controller and must have node_id null")
+    if not (_is_int(m.get("port")) and 1 <= m["port"] <= 65535):
+        raise _BadClusterFile(f"{label} has no port (an integer 1-65535)")
+    pid = m.get("pid")
+    if pid is not None and not (_is_int(pid) and 0 < pid < 2**31):
+        raise _BadClusterFile(f"{label} has no integer pid (a positive integer, or null when not started)")
+    netns = m.get("netns")
+    if netns is not None and (not isinstance(netns, str) or not netns):
+        raise _BadClusterFile(f"{label} has a netns that is not a non-empty string")
+    return Member(name=m["name"], kind=m["kind"], node_id=node_id, host=m["host"], port=m["port"],
+                  data_dir=m["data_dir"], log=m["log"], pid=pid, netns=netns)
 
 
 # -- processes -------------------------------------------------------------------------------------
@@ -216,10 +299,14 @@ def spawn(spec: ClusterSpec, m: Member) -> Member:
                        f"(`minibroker cluster down`, or pick --base-port)")
     Path(m.data_dir).mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    argv = command(spec, m)
     with open(m.log, "ab") as logf:
         _LOG_START[m.log] = logf.tell()
-        proc = subprocess.Popen(command(spec, m), stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                    env=env, start_new_session=True)
+        except OSError as exc:
+            raise CliError(f"cannot start {m.name}: {argv[0]}: {exc.strerror or exc}") from None
     _CHILDREN[proc.pid] = proc
     return replace(m, pid=proc.pid)
 
@@ -273,9 +360,12 @@ def stop_members(members: Sequence[Member], timeout_s: float = 20.0) -> list[str
     return [m.name for m in running]
 
 
-def tail(path: str, lines: int = 5) -> str:
+def tail(path: str, lines: int = 5, start: int = 0) -> str:
+    """The last ``lines`` lines of ``path`` written after byte ``start``."""
     try:
-        text = Path(path).read_text(errors="replace").splitlines()
+        with open(path, "rb") as f:
+            f.seek(start)
+            text = f.read().decode("utf-8", "replace").splitlines()
     except OSError:
         return ""
     return "\n".join(text[-lines:])
@@ -301,8 +391,9 @@ async def wait_registered(spec: ClusterSpec, timeout_s: float) -> None:
             for m in spec.members:
                 status = exited(m)
                 if status is not None:
-                    raise CliError(f"{m.name} exited with status {status} during start; last lines of {m.log}:\n"
-                                   f"{tail(m.log)}")
+                    last = tail(m.log, start=_LOG_START.get(m.log, 0))  # this run's lines only
+                    raise CliError(f"{m.name} exited with status {status} during start; "
+                                   + (f"last lines of {m.log}:\n{last}" if last else f"it wrote nothing to {m.log}"))
             with contextlib.suppress(RpcError, ValueError, KeyError, TypeError, AttributeError):
                 seen = await registered_brokers(spec.controller.address, rpc)
                 answered = True
@@ -320,39 +411,119 @@ async def wait_registered(spec: ClusterSpec, timeout_s: float) -> None:
         await rpc.close()
 
 
-def up(spec: ClusterSpec, timeout_s: float) -> ClusterSpec:
-    """Start every member and wait for registration; stops what it started if that fails."""
-    Path(spec.data_dir).mkdir(parents=True, exist_ok=True)
+def check_executables(spec: ClusterSpec) -> None:
+    """Every member's command names an executable program (before anything is created)."""
+    for program in dict.fromkeys(command(spec, m)[0] for m in spec.members):
+        if shutil.which(program) is None:
+            raise CliError(f"cannot run {program!r}: not found or not executable"
+                           + (" (check --exec)" if spec.exec_argv and program == spec.exec_argv[0] else ""))
+
+
+def _make_dir(path: Path) -> Path | None:
+    """``mkdir -p path``; returns the topmost directory it created (None if ``path`` existed)."""
+    top = None
+    for p in (path, *path.parents):
+        if p.is_dir():
+            break
+        top = p
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise CliError(f"{path} exists and is not a directory (--data-dir names the cluster directory)") from None
+    except OSError as exc:
+        raise CliError(f"cannot create {path}: {exc.strerror or exc}") from None
+    return top
+
+
+def preflight(spec: ClusterSpec) -> None:
+    """What ``up`` checks before it creates anything: no cluster running in the data dir, which is a
+    directory or can be one, the member commands exist, and the ports are free."""
+    root = Path(spec.data_dir)
+    if root.exists() and not root.is_dir():
+        raise CliError(f"{root} exists and is not a directory (--data-dir names the cluster directory)")
     alive: list[str] = []
-    if (Path(spec.data_dir) / CLUSTER_FILE).exists():
-        alive = [m.name for m in load(Path(spec.data_dir)).members if is_running(m)]
+    if (root / CLUSTER_FILE).exists():
+        alive = [m.name for m in load(root).members if is_running(m)]
     if alive:
         raise CliError(f"a cluster is already running in {spec.data_dir} ({', '.join(alive)}); "
                        f"`minibroker cluster down --data-dir {spec.data_dir}` first")
+    check_executables(spec)
     for m in spec.members:
         if not m.netns and not port_free(m.host, m.port):
             raise CliError(f"port {m.port} ({m.name}) is already in use; pick another --base-port")
+
+
+def up(spec: ClusterSpec, timeout_s: float) -> ClusterSpec:
+    """Start every member and wait for registration; stops what it started if that fails, and if a member
+    could not even be started, also removes the files and directories this call created."""
+    preflight(spec)
+    root = Path(spec.data_dir)
+    created_root = _make_dir(root)
+    existing = {p for m in spec.members for p in (Path(m.data_dir), Path(m.log)) if p.exists()}
+    had_cluster_file = (root / CLUSTER_FILE).exists()
+    all_started = False
     try:
         for m in spec.members:
             spec = spec.with_member(spawn(spec, m))
             save(spec)
+        all_started = True
         asyncio.run(wait_registered(spec, timeout_s))
     except BaseException:
         stop_members(spec.members, timeout_s=5)
+        if not all_started:
+            _remove_created(spec, created_root, existing, had_cluster_file)
+        # else the logs stay: the error shows their last lines or points at them
         raise
     return spec
+
+
+def _remove_created(spec: ClusterSpec, created_root: Path | None, existing: set[Path],
+                    had_cluster_file: bool) -> None:
+    """Undo a start that failed before every member ran: no leftovers of this attempt."""
+    if created_root is not None:
+        shutil.rmtree(created_root, ignore_errors=True)
+        return
+    paths = [p for m in spec.members for p in (Path(m.data_dir), Path(m.log))]
+    if not had_cluster_file:
+        paths.append(Path(spec.data_dir) / CLUSTER_FILE)
+    for p in paths:
+        if p in existing:
+            continue
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                p.unlink(missing_ok=True)
 
 
 # -- subcommands -----------------------------------------------------------------------------------
 
 def _data_dir(args: argparse.Namespace) -> Path:
-    return Path(args.data_dir) if args.data_dir else default_data_dir()
+    """``--data-dir``, else $MINIBROKER_DATA_DIR (empty = unset, as for the other MINIBROKER_* variables),
+    else ./minibroker-data. An explicitly empty --data-dir is an error, not the default."""
+    if args.data_dir is None:
+        return default_data_dir()
+    if not args.data_dir.strip():
+        raise CliError("--data-dir must not be empty")
+    return Path(args.data_dir)
+
+
+def _exec_argv(text: str | None) -> list[str]:
+    if text is None:
+        return []
+    try:
+        argv = shlex.split(text)
+    except ValueError as exc:
+        raise CliError(f"--exec {text!r} is not a valid command line ({exc})") from None
+    if not argv:
+        raise CliError("--exec must name a command")
+    return argv
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     spec = plan(_data_dir(args), args.brokers, args.base_port, settings=args.set or (),
-                controller_settings=args.controller_set or (),
-                exec_argv=shlex.split(args.exec) if args.exec else ())
+                controller_settings=args.controller_set or (), exec_argv=_exec_argv(args.exec))
+    preflight(spec)  # bad input fails in one line, before the announcement (up checks again)
     print(f"starting controller on {spec.controller.address} and {len(spec.brokers)} brokers "
           f"({spec.bootstrap}); data and logs in {spec.data_dir}", file=sys.stderr)
     spec = up(spec, args.timeout)

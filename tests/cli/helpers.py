@@ -6,10 +6,15 @@ import argparse
 import asyncio
 import contextlib
 import random
+import shlex
 import signal
 import socket
 import sys
 from pathlib import Path
+
+# the stand-in controller and broker of fake_processes.py, as a cluster's --exec
+FAKE_SCRIPT = Path(__file__).with_name("fake_processes.py")
+FAKE = shlex.join([sys.executable, str(FAKE_SCRIPT)])
 
 
 def minibroker() -> list[str]:

@@ -5,35 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shlex
 import signal
-import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from cli import cluster
-from tests.cli.helpers import free_base_port, kill_recorded, minibroker, run
-
-FAKE = shlex.join([sys.executable, str(Path(__file__).with_name("fake_processes.py"))])
+from tests.cli.helpers import FAKE, free_base_port, minibroker, run
 
 
 async def status_of(data_dir: Path) -> dict[str, dict[str, Any]]:
     code, out, err = await run("cluster", "status", "--json", "--data-dir", str(data_dir))
     assert code == 0, err
     return {m["name"]: m for m in json.loads(out)["members"]}
-
-
-@pytest.fixture
-async def data_dir(tmp_path: Path) -> AsyncIterator[Path]:
-    d = tmp_path / "c"
-    try:
-        yield d
-    finally:
-        await run("cluster", "down", "--data-dir", str(d), "--timeout", "5")
-        kill_recorded(d)
 
 
 async def test_up_status_kill_start_down(data_dir: Path) -> None:
