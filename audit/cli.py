@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,24 @@ def _conf(items: list[str]) -> dict[str, str]:
     return out
 
 
+def check_report_path(path: Path) -> None:
+    """``CliError`` unless a report can be written at ``path`` (checked before the audit, which is slow).
+    The report is written as ``<path>.tmp`` and renamed, so its directory must take a new file."""
+    from cli.main import CliError
+
+    parent = path.parent
+    if path.is_dir():
+        raise CliError(f"--report {path} is a directory")
+    if not parent.is_dir():
+        raise CliError(f"--report {path}: {parent} is not a directory" if parent.exists()
+                       else f"--report {path}: directory {parent} does not exist")
+    try:
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as exc:
+        raise CliError(f"--report {path}: cannot write in {parent}: {exc.strerror or exc}") from None
+
+
 def run_audit_command(args: argparse.Namespace) -> int:
     from audit import schema
     from cli.main import CliError
@@ -77,6 +96,8 @@ def run_audit_command(args: argparse.Namespace) -> int:
         schema.read_manifest(args.export_dir)  # fail before starting a JVM
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    if args.report is not None:
+        check_report_path(args.report)
     conf = _conf(args.conf)
     from pyspark.sql import SparkSession
 
@@ -94,6 +115,9 @@ def run_audit_command(args: argparse.Namespace) -> int:
             spark.stop()
     print(format_summary(report))
     if args.report is not None:
-        write_report(report, args.report)
+        try:
+            write_report(report, args.report)
+        except OSError as exc:
+            raise CliError(f"cannot write --report {args.report}: {exc}") from None
         print(f"report written to {args.report}", file=sys.stderr)
     return 0 if report.ok else 1

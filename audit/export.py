@@ -20,8 +20,17 @@ records do not decode ends the scan of that segment file and becomes a
 the next segment. An incomplete batch at the end of a partition's last segment
 is a ``torn_tail`` (what a kill mid-append leaves; recovery truncates it),
 anywhere else it is ``corrupt_batch``. Unreadable checkpoints are
-``bad_checkpoint`` rows and their values are unknown (-1). Nothing of this is
-fatal: the export always completes and the audit reports the damage.
+``bad_checkpoint`` rows and their values are unknown (-1). Numbers that do not
+fit their Parquet column (int64 offsets and times, int32 partitions, epochs and
+broker ids) count as unreadable: such a checkpoint is ``bad_checkpoint``, such a
+batch ``corrupt_batch`` (offsets) or ``bad_records`` (timestamps, sequences), a
+segment name ``bad_name``, and a ``<topic>-<partition>`` directory name is not a
+partition directory. Nothing of this is fatal: the export always completes and
+the audit reports the damage.
+
+The output is written into a temporary sibling of ``--out`` and renamed into
+place only when every table and the manifest are written: a failed export
+leaves ``--out`` as it was (absent if it was absent).
 
 LEO is the next offset after the last readable batch (the base offset of the
 last segment when it is empty). Log start is the checkpoint's value, else the
@@ -34,7 +43,11 @@ from __future__ import annotations
 import mmap
 import os
 import re
+import secrets
+import shutil
+import stat
 from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +78,8 @@ EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
 PARTITION_DIR_RE = re.compile(r"^(.+)-(\d+)$")
 BROKER_DIR_RE = re.compile(r"^broker-(\d+)$")
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 class ExportError(ValueError):
@@ -75,6 +90,7 @@ class ExportError(ValueError):
 class BrokerDir:
     broker_id: int
     path: Path
+    meta_error: str = ""  # why meta.properties was unusable when the id came from a broker-<id> name
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,18 +129,60 @@ class ExportSummary:
                 + (" -- see damaged.parquet" if self.damaged else "")]
 
 
+# ---------------------------------------------------------------- numbers
+
+def _int32(value: int) -> bool:
+    return INT32_MIN <= value <= INT32_MAX
+
+
+def _int64(value: int) -> bool:
+    return INT64_MIN <= value <= INT64_MAX
+
+
+def _digits(text: str, *, maximum: int) -> int | None:
+    """A name's decimal digits as an int, or None if above ``maximum`` (checked before ``int()``,
+    which refuses more than 4300 digits)."""
+    if len(text.lstrip("0")) > len(str(maximum)):
+        return None
+    value = int(text)
+    return value if value <= maximum else None
+
+
 # ---------------------------------------------------------------- discovery
 
-def _broker_id(path: Path) -> int | None:
+def _meta_broker_id(meta: Path) -> tuple[int | None, str]:
+    """(broker id, why not) from ``meta.properties``."""
+    try:
+        props = read_properties(meta)
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, f"{META_FILE} is unreadable: {exc}"
+    key = "node.id" if "node.id" in props else "broker.id"
+    if key not in props:
+        return None, f"{META_FILE} has no node.id"
+    raw = props[key]
+    shown = repr(raw if len(raw) <= 40 else raw[:40] + "...")
+    if raw.lstrip("+-").isdigit() and len(raw) > 20:  # int() refuses over 4300 digits
+        return None, f"{META_FILE} {key} {shown} is out of range for a 32-bit broker id"
+    try:
+        value = int(raw)
+    except ValueError:
+        return None, f"{META_FILE} {key} {shown} is not an integer"
+    if not _int32(value):
+        return None, f"{META_FILE} {key} {shown} is out of range for a 32-bit broker id"
+    return value, ""
+
+
+def _broker_id(path: Path) -> tuple[int | None, str]:
+    """(broker id, what is wrong with ``meta.properties`` or ""): its node.id, else the id of a
+    ``broker-<id>`` directory name."""
     meta = path / META_FILE
+    problem = ""
     if meta.is_file():
-        try:
-            props = read_properties(meta)
-            return int(props.get("node.id", props.get("broker.id", "")))
-        except (OSError, UnicodeDecodeError, ValueError):
-            pass
+        broker_id, problem = _meta_broker_id(meta)
+        if broker_id is not None:
+            return broker_id, ""
     m = BROKER_DIR_RE.match(path.name)
-    return int(m.group(1)) if m else None
+    return (_digits(m.group(1), maximum=INT32_MAX) if m else None), problem
 
 
 def discover_broker_dirs(paths: list[Path]) -> list[BrokerDir]:
@@ -141,10 +199,10 @@ def discover_broker_dirs(paths: list[Path]) -> list[BrokerDir]:
             raise ExportError(f"{path} is neither a broker data directory (no {META_FILE}) "
                               "nor a cluster directory (no broker-<id>/ subdirectories)")
         for c in candidates:
-            broker_id = _broker_id(c)
+            broker_id, problem = _broker_id(c)
             if broker_id is None:
-                raise ExportError(f"{c}: cannot tell the broker id ({META_FILE} has no node.id)")
-            found[c.resolve()] = BrokerDir(broker_id, c)
+                raise ExportError(f"{c}: cannot tell the broker id ({problem or 'no ' + META_FILE})")
+            found[c.resolve()] = BrokerDir(broker_id, c, problem)  # a bad meta.properties becomes damage
     ids = [b.broker_id for b in found.values()]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
@@ -153,24 +211,28 @@ def discover_broker_dirs(paths: list[Path]) -> list[BrokerDir]:
 
 
 def partition_dirs(broker_dir: Path) -> list[tuple[TopicPartition, Path]]:
-    """``<topic>-<partition>`` directories; anything else (``...-delete``, stray dirs) is skipped."""
+    """``<topic>-<partition>`` directories; anything else (``...-delete``, stray dirs, a partition
+    number beyond int32) is skipped."""
     out = []
     for p in sorted(broker_dir.iterdir()):
         m = PARTITION_DIR_RE.match(p.name)
-        if p.is_dir() and m:
-            out.append((TopicPartition(m.group(1), int(m.group(2))), p))
+        partition = _digits(m.group(2), maximum=INT32_MAX) if m else None
+        if p.is_dir() and m and partition is not None:
+            out.append((TopicPartition(m.group(1), partition), p))
     return out
 
 
 def segment_files(pdir: Path) -> tuple[list[tuple[int, Path]], list[Path]]:
-    """(base offset, path) of the ``.log`` files in offset order, and misnamed ``.log`` files."""
+    """(base offset, path) of the ``.log`` files in offset order, and misnamed ``.log`` files
+    (a 20-digit name above int64 is misnamed too)."""
     good, bad = [], []
     for p in pdir.iterdir():
         if p.suffix != ".log" or not p.is_file():
             continue
         m = SEGMENT_RE.match(p.name)
-        if m:
-            good.append((int(m.group(1)), p))
+        base = _digits(m.group(1), maximum=INT64_MAX) if m else None
+        if base is not None:
+            good.append((base, p))
         else:
             bad.append(p)
     return sorted(good), sorted(bad)
@@ -193,10 +255,26 @@ class ReplicaScan:
     damage: list[Damage] = field(default_factory=list)
 
 
+class _OutOfRange(Exception):
+    """A batch whose numbers do not fit their Parquet columns; ``kind`` is the damage kind."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 def _record_rows(broker: int, tp: TopicPartition, segment: str, pos: int, h: BatchHeader,
                  buf: Any) -> list[dict[str, Any]]:
+    if h.next_offset > INT64_MAX:  # base_offset is outside the CRC: a flipped bit gets here
+        raise _OutOfRange("corrupt_batch", f"batch at {pos}: offsets {h.base_offset}..{h.last_offset} "
+                                           "go beyond int64")
+    if h.base_sequence >= 0 and h.base_sequence + h.last_offset_delta > INT32_MAX:
+        raise _OutOfRange("bad_records", f"batch at {pos}: sequences from {h.base_sequence} go beyond int32")
     rows = []
     for r in decode_records(buf, pos):
+        if not INT64_MIN <= h.first_timestamp + r.timestamp_delta <= INT64_MAX:
+            raise _OutOfRange("bad_records", f"batch at {pos}: record {r.offset_delta} has a timestamp "
+                                             "beyond int64")
         rows.append({"broker": broker, "topic": tp.topic, "partition": tp.partition,
                      "offset": h.base_offset + r.offset_delta, "leader_epoch": h.partition_leader_epoch,
                      "batch_base_offset": h.base_offset, "batch_last_offset": h.last_offset,
@@ -242,6 +320,9 @@ def scan_segment(scan: ReplicaScan, path: Path, *, last: bool) -> Iterator[dict[
                 scan.damage.append(Damage(scan.broker, scan.tp, path, pos, kind,
                                           f"{type(exc).__name__}: {exc}"))
                 return
+            except _OutOfRange as exc:
+                scan.damage.append(Damage(scan.broker, scan.tp, path, pos, exc.kind, f"out of range: {exc}"))
+                return
             scan.batches += 1
             scan.records += len(rows)
             scan.next_offset = header.next_offset
@@ -280,10 +361,31 @@ class Checkpoints:
     log_start: dict[TopicPartition, int]
 
 
+def _checked_offsets(path: Path) -> dict[TopicPartition, int]:
+    """``read_offsets``, with ``CheckpointError`` for a partition beyond int32 or an offset beyond int64."""
+    offsets = read_offsets(path)
+    for tp, offset in offsets.items():
+        if not _int32(tp.partition) or not _int64(offset):
+            raise CheckpointError(f"{path}: entry {tp.topic} {tp.partition} {offset} is out of range "
+                                  "(partition int32, offset int64)")
+    return offsets
+
+
+def _checked_epochs(path: Path) -> list[dict[str, int]]:
+    """``read_epochs`` as rows, with ``CheckpointError`` for an epoch beyond int32 or an offset beyond int64."""
+    rows = []
+    for e in read_epochs(path):
+        if not _int32(e.epoch) or not _int64(e.start_offset):
+            raise CheckpointError(f"{path}: entry {e.epoch} {e.start_offset} is out of range "
+                                  "(epoch int32, start offset int64)")
+        rows.append({"epoch": e.epoch, "start_offset": e.start_offset})
+    return rows
+
+
 def read_checkpoints(b: BrokerDir, damage: list[Damage]) -> Checkpoints:
     def one(name: str) -> dict[TopicPartition, int]:
         try:
-            return read_offsets(b.path / name)
+            return _checked_offsets(b.path / name)
         except (CheckpointError, OSError, UnicodeDecodeError) as exc:
             damage.append(Damage(b.broker_id, None, b.path / name, 0, "bad_checkpoint", str(exc)))
             return {}
@@ -294,7 +396,7 @@ def read_checkpoints(b: BrokerDir, damage: list[Damage]) -> Checkpoints:
 def replica_row(b: BrokerDir, scan: ReplicaScan, pdir: Path, cps: Checkpoints) -> dict[str, Any]:
     epochs: list[dict[str, int]] = []
     try:
-        epochs = [{"epoch": e.epoch, "start_offset": e.start_offset} for e in read_epochs(pdir / EPOCH_CHECKPOINT)]
+        epochs = _checked_epochs(pdir / EPOCH_CHECKPOINT)
     except (CheckpointError, OSError, UnicodeDecodeError) as exc:
         scan.damage.append(Damage(b.broker_id, scan.tp, pdir / EPOCH_CHECKPOINT, 0, "bad_checkpoint", str(exc)))
     latest = epochs[-1]["epoch"] if epochs else (scan.last_epoch if scan.last_epoch is not None else -1)
@@ -317,17 +419,88 @@ def _rel(path: Path, root: Path) -> str:
         return str(path)
 
 
-def prepare_out(out: Path) -> None:
-    """Create ``out``, or reuse it if it is empty or an earlier export; refuse anything else."""
-    if out.exists():
-        if not out.is_dir():
-            raise ExportError(f"--out {out} exists and is not a directory")
-        entries = [p.name for p in out.iterdir()]
-        ours = {schema.MANIFEST, *(f"{n}.parquet" for n in schema.TABLES)}
-        if any(name not in ours for name in entries):
-            raise ExportError(f"--out {out} is not empty and not an earlier export; choose another directory")
-        (out / schema.MANIFEST).unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
+def prepare_out(out: Path) -> bool:
+    """Whether ``out`` exists (as an empty directory or an earlier export, which the export replaces);
+    ``ExportError`` for anything else. Changes nothing."""
+    if not out.exists():
+        if out.is_symlink():
+            raise ExportError(f"--out {out} is a dangling symbolic link")
+        return False
+    if not out.is_dir():
+        raise ExportError(f"--out {out} exists and is not a directory")
+    entries = [p.name for p in out.iterdir()]
+    ours = {schema.MANIFEST, *(f"{n}.parquet" for n in schema.TABLES)}
+    if any(name not in ours for name in entries):
+        raise ExportError(f"--out {out} is not empty and not an earlier export; choose another directory")
+    if os.path.ismount(out.resolve()):
+        raise ExportError(f"--out {out} is a mount point, which an export cannot replace as a whole; "
+                          "export into a new directory inside it")
+    return True
+
+
+def _make_parents(out: Path, parent: Path) -> list[Path]:
+    """Create the missing directories up to ``parent``; returns those created, outermost first."""
+    missing: list[Path] = []
+    p = parent
+    while not p.exists():
+        if p.is_symlink():
+            raise ExportError(f"--out {out}: {p} is a dangling symbolic link")
+        missing.append(p)
+        p = p.parent
+    if not p.is_dir():
+        raise ExportError(f"--out {out}: {p} is not a directory")
+    created: list[Path] = []
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except OSError as exc:
+            _remove_dirs(created)
+            raise ExportError(f"--out {out}: cannot create {d}: {exc.strerror or exc}") from None
+        created.append(d)
+    return created
+
+
+def _remove_dirs(created: list[Path]) -> None:
+    for d in reversed(created):
+        with suppress(OSError):  # no longer empty: somebody else uses it now
+            d.rmdir()
+
+
+@contextmanager
+def staged_out(out: Path) -> Iterator[Path]:
+    """A new temporary sibling directory of ``out`` to write the export into; renamed to ``out``
+    (replacing an empty directory or an earlier export) when the block succeeds, removed (with any
+    parent directory made for it) when it fails, so ``out`` is never half-written."""
+    existed = prepare_out(out)
+    target = out.resolve()  # a symlinked --out: replace the directory it points to
+    if target.parent == target:
+        raise ExportError(f"--out {out}: cannot replace the root directory")
+    created = _make_parents(out, target.parent)
+    try:
+        tmp = target.parent / f".{target.name}.{secrets.token_hex(6)}.tmp"
+        tmp.mkdir()
+    except OSError as exc:
+        _remove_dirs(created)
+        raise ExportError(f"--out {out}: cannot create a directory next to it: {exc.strerror or exc}") from None
+    try:
+        if existed:
+            os.chmod(tmp, stat.S_IMODE(target.stat().st_mode))
+        yield tmp
+        if existed and any(target.iterdir()):  # an earlier export: set it aside, then swap
+            old = target.parent / f".{target.name}.{secrets.token_hex(6)}.old"
+            os.rename(target, old)
+            try:
+                os.rename(tmp, target)
+            except BaseException:
+                os.rename(old, target)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, target)  # atomically replaces an empty directory too
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_dirs(created)
+        raise
 
 
 def export_brokers(brokers: list[BrokerDir], out: Path, summary: ExportSummary) -> list[Damage]:
@@ -337,6 +510,10 @@ def export_brokers(brokers: list[BrokerDir], out: Path, summary: ExportSummary) 
     replicas: list[dict[str, Any]] = []
     try:
         for b in brokers:
+            if b.meta_error:  # the id came from the broker-<id> name
+                damage.append(Damage(b.broker_id, None, b.path / META_FILE, 0, "bad_checkpoint", b.meta_error))
+                log.warning("export_damage_found", broker_id=b.broker_id, file=str(b.path / META_FILE),
+                            kind="bad_checkpoint", error=b.meta_error)
             cps = read_checkpoints(b, damage)
             for tp, pdir in partition_dirs(b.path):
                 scan, rows = scan_partition(b.broker_id, tp, pdir)
@@ -395,10 +572,23 @@ def load_history(history: Path | None) -> HistoryRows | None:
 
 def export(data_dirs: list[Path], out: Path, *, history: Path | None = None,
            clock: Clock | None = None) -> ExportSummary:
-    """The whole export; ``ExportError`` for input it cannot use (nothing is half-written then)."""
-    brokers = discover_broker_dirs(data_dirs)
-    rows = load_history(history)  # before touching --out: a bad history changes nothing
-    prepare_out(out)
+    """The whole export; ``ExportError`` for input it cannot use or an I/O error (``out`` is left as
+    it was then: see ``staged_out``)."""
+    try:
+        brokers = discover_broker_dirs(data_dirs)
+        rows = load_history(history)  # before touching --out: a bad history changes nothing
+        with staged_out(out) as tmp:
+            summary = _write_export(brokers, rows, tmp, clock)
+    except OSError as exc:
+        raise ExportError(f"export to {out} failed: {exc}") from None
+    summary.out = out
+    log.info("export_done", brokers=summary.brokers, records=summary.records, replicas=summary.replicas,
+             damaged=summary.damaged, out=str(out))
+    return summary
+
+
+def _write_export(brokers: list[BrokerDir], rows: HistoryRows | None, out: Path,
+                  clock: Clock | None) -> ExportSummary:
     summary = ExportSummary(out=out)
     summary.sends = schema.write_table(out, "sends", rows.sends if rows else [])
     summary.polls = schema.write_table(out, "polls", rows.polls if rows else [])
@@ -415,6 +605,4 @@ def export(data_dirs: list[Path], out: Path, *, history: Path | None = None,
                    "sends": summary.sends, "polls": summary.polls},
         "created_ms": (clock or SystemClock()).now_ms(),
     })
-    log.info("export_done", brokers=summary.brokers, records=summary.records, replicas=summary.replicas,
-             damaged=summary.damaged, out=str(out))
     return summary

@@ -26,10 +26,14 @@ out of the tables but tolerated, so the writer may add context)::
   timeout or a connection lost after sending; the record may or may not be in
   the log). ``error`` is a short text for ``fail``/``info``.
 - ``key`` and ``value`` are UTF-8 text (the bytes the producer sent), or null.
+- Integers must fit a signed 64-bit integer (``partition`` 32-bit), the Parquet
+  columns they end up in; text must be valid Unicode (no lone surrogate such as
+  ``"\\ud800"``).
 
-The reader is strict: a malformed line is a ``HistoryFormatError`` naming the
-file and line, except a torn last line (no trailing newline, e.g. the writer
-was killed), which is skipped and counted.
+The reader is strict: a malformed line (or one that is not UTF-8) is a
+``HistoryFormatError`` naming the file and line (numbered from 1), except a
+torn last line (no trailing newline, e.g. the writer was killed), which is
+skipped and counted.
 """
 
 from __future__ import annotations
@@ -117,22 +121,28 @@ def event_to_dict(event: SendEvent | PollEvent | NemesisEvent) -> dict[str, Any]
             "target": event.target, "detail": event.detail}
 
 
-def _req(obj: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+def _checked(name: str, value: Any, kind: type, bits: int) -> Any:
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ValueError(f"field {name!r} has the wrong type ({type(value).__name__})")
+    if isinstance(value, int) and not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
+        raise ValueError(f"field {name!r} is out of range for a signed {bits}-bit integer")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"field {name!r} is not valid Unicode text (a lone surrogate)") from None
+    return value
+
+
+def _req(obj: dict[str, Any], name: str, kind: type, *, bits: int = 64) -> Any:
     if name not in obj:
         raise ValueError(f"missing field {name!r}")
-    value = obj[name]
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise ValueError(f"field {name!r} has the wrong type ({type(value).__name__})")
-    return value
+    return _checked(name, obj[name], kind, bits)
 
 
-def _opt(obj: dict[str, Any], name: str, kind: type) -> Any:
+def _opt(obj: dict[str, Any], name: str, kind: type, *, bits: int = 64) -> Any:
     value = obj.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise ValueError(f"field {name!r} has the wrong type ({type(value).__name__})")
-    return value
+    return None if value is None else _checked(name, value, kind, bits)
 
 
 def _parse_send(obj: dict[str, Any]) -> SendEvent:
@@ -142,7 +152,7 @@ def _parse_send(obj: dict[str, Any]) -> SendEvent:
     except ValueError:
         raise ValueError(f"outcome must be ok, fail or info, not {outcome_text!r}") from None
     time_ms = _req(obj, "time_ms", int)
-    partition = _opt(obj, "partition", int)
+    partition = _opt(obj, "partition", int, bits=32)
     offset = _opt(obj, "offset", int)
     if outcome is Outcome.OK and (partition is None or offset is None or offset < 0):
         raise ValueError("an ok send needs its partition and offset")
@@ -158,7 +168,7 @@ def _parse_poll(obj: dict[str, Any]) -> PollEvent:
     if offset < 0:
         raise ValueError("a poll offset is never negative")
     return PollEvent(process=_req(obj, "process", str), seq=_req(obj, "seq", int),
-                     topic=_req(obj, "topic", str), partition=_req(obj, "partition", int),
+                     topic=_req(obj, "topic", str), partition=_req(obj, "partition", int, bits=32),
                      offset=offset, key=_opt(obj, "key", str), value=_opt(obj, "value", str),
                      time_ms=_req(obj, "time_ms", int))
 
@@ -210,9 +220,18 @@ class HistoryWriter:
 
 
 def iter_lines(path: Path) -> Iterator[tuple[int, str, bool]]:
-    """(line number, text, complete) for every non-blank line."""
-    with path.open("r", encoding="utf-8", errors="strict") as f:
-        for line_no, raw in enumerate(f, start=1):
+    """(line number from 1, text, complete) for every non-blank line; ``HistoryFormatError`` for a
+    whole line that is not UTF-8 (decoded line by line so that the error names its line)."""
+    with path.open("rb") as f:
+        for line_no, data in enumerate(f, start=1):
+            try:
+                raw = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                if exc.reason == "unexpected end of data" and not data.endswith(b"\n"):
+                    yield line_no, data[:exc.start].decode("utf-8"), False  # torn inside a character
+                    continue
+                raise HistoryFormatError(path, line_no, f"not UTF-8 text ({exc.reason} at byte {exc.start} "
+                                                        "of the line)") from None
             if raw.strip():
                 yield line_no, raw, raw.endswith("\n")
 
@@ -223,23 +242,20 @@ def read_history(path: Path) -> History:
     polls: list[PollEvent] = []
     nemesis: list[NemesisEvent] = []
     torn = 0
-    try:
-        for line_no, text, complete in iter_lines(path):
-            try:
-                event = parse_event(text)
-            except ValueError as exc:
-                if not complete:  # the writer died mid-line: the last line is torn
-                    torn += 1
-                    continue
-                raise HistoryFormatError(path, line_no, str(exc)) from None
-            if isinstance(event, SendEvent):
-                sends.append(event)
-            elif isinstance(event, PollEvent):
-                polls.append(event)
-            else:
-                nemesis.append(event)
-    except UnicodeDecodeError as exc:
-        raise HistoryFormatError(path, 0, f"not UTF-8 text ({exc.reason})") from None
+    for line_no, text, complete in iter_lines(path):
+        try:
+            event = parse_event(text)
+        except ValueError as exc:
+            if not complete:  # the writer died mid-line: the last line is torn
+                torn += 1
+                continue
+            raise HistoryFormatError(path, line_no, str(exc)) from None
+        if isinstance(event, SendEvent):
+            sends.append(event)
+        elif isinstance(event, PollEvent):
+            polls.append(event)
+        else:
+            nemesis.append(event)
     return History(sends=sends, polls=polls, nemesis=nemesis, torn_lines=torn)
 
 

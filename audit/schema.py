@@ -171,6 +171,8 @@ def read_manifest(export_dir: Path) -> dict[str, Any]:
         raise ValueError(f"{export_dir} is not an export directory (no {MANIFEST})") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"cannot read {path}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"cannot read {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if not isinstance(body, dict) or body.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{path}: unsupported export format (want format_version {FORMAT_VERSION})")
     for name in TABLES:

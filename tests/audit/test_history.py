@@ -64,6 +64,12 @@ def test_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
      "never negative"),
     ('{"type": "poll", "process": "c", "seq": 0, "topic": "t", "partition": true, "offset": 1, "time_ms": 1}',
      "field 'partition' has the wrong type"),
+    ('{"type": "poll", "process": "c", "seq": 0, "topic": "t", "partition": 2147483648, "offset": 1, "time_ms": 1}',
+     "field 'partition' is out of range for a signed 32-bit integer"),
+    ('{"type": "poll", "process": "c", "seq": 0, "topic": "t", "partition": 0, "offset": 9223372036854775808, '
+     '"time_ms": 1}', "field 'offset' is out of range for a signed 64-bit integer"),
+    ('{"type": "send", "process": "p", "seq": 0, "topic": "t", "time_ms": 1, "outcome": "fail", "key": "\\ud800"}',
+     "field 'key' is not valid Unicode text"),
 ])
 def test_bad_lines_are_clear_errors(tmp_path: Path, line: str, reason: str) -> None:
     with pytest.raises(ValueError, match=reason):
@@ -79,8 +85,9 @@ def test_bad_lines_are_clear_errors(tmp_path: Path, line: str, reason: str) -> N
 def test_not_utf8_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "history.jsonl"
     path.write_bytes(b"\xff\xfe\n")
-    with pytest.raises(HistoryFormatError, match="not UTF-8"):
+    with pytest.raises(HistoryFormatError, match="not UTF-8") as info:
         read_history(path)
+    assert info.value.line_no == 1  # numbered from 1, as for every other bad line
 
 
 def test_find_history_files(tmp_path: Path) -> None:
