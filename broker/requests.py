@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from common.config import ConfigError, validate_topic_configs
 from common.wire import (
     MAX_INT32,
     BadRequest,
@@ -231,6 +232,10 @@ def _topic_configs(body: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     for topic, cfg in raw.items():
         if not isinstance(topic, str) or not isinstance(cfg, dict) or not all(isinstance(k, str) for k in cfg):
             raise BadRequest("topic_configs must map topic names to maps")
+        try:  # refused whole, before any state changes, rather than half applied
+            validate_topic_configs(cfg)
+        except ConfigError as exc:
+            raise BadRequest(f"topic_configs of {topic!r}: {exc}") from None
         out[topic] = cfg
     return out
 

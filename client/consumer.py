@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from client.errors import NoBrokersAvailableError
+from client.errors import CorruptRecordError, NoBrokersAvailableError
 from client.fetch_state import ConsumerRecord, OffsetReset, Positions
 from client.metadata import MetadataCache, parse_bootstrap
 from common.clock import Clock, SystemClock
@@ -36,7 +36,7 @@ from common.errors import ErrorCode, error_for
 from common.http import RpcBadRequest, RpcClient, RpcError
 from common.logging import get_logger
 from common.wire import TopicPartition
-from storage.record_batch import decode_records, iter_batches
+from storage.record_batch import InvalidBatchError, decode_records, iter_batches
 
 log = get_logger(__name__)
 
@@ -78,24 +78,32 @@ class _FetchResult:
     fatal: BaseException | None = None  # raised from poll after bookkeeping
 
 
-def decode_fetched(tp: TopicPartition, data: bytes,
-                   high_watermark: int) -> tuple[list[tuple[int, ConsumerRecord]], int]:
-    """Records of whole batches in ``data`` below the HW, with their batch's leader epoch; and the
-    offset after the last whole batch (-1 if none)."""
+def decode_fetched(tp: TopicPartition, data: bytes, high_watermark: int,
+                   ) -> tuple[list[tuple[int, ConsumerRecord]], int, CorruptRecordError | None]:
+    """Records of whole batches in ``data`` below the HW, with their batch's leader epoch; the
+    offset after the last whole batch (-1 if none); and, if a batch's records do not decode, the
+    error for it (the records of the batches before it are returned, as Kafka's consumer hands out
+    what precedes a corrupt record and fails only when the position reaches it)."""
     out: list[tuple[int, ConsumerRecord]] = []
     next_offset = -1
     topic, partition = tp
     limit = high_watermark if high_watermark >= 0 else 2**63
     for pos, header in iter_batches(data):
         base, first_ts, epoch = header.base_offset, header.first_timestamp, header.partition_leader_epoch
+        try:
+            records = decode_records(data, pos)
+        except InvalidBatchError as exc:
+            return out, next_offset, CorruptRecordError(
+                f"{topic}-{partition}: the batch at offset {base} does not decode ({exc}); seek past offset "
+                f"{base + header.last_offset_delta} to go on consuming")
         next_offset = base + header.last_offset_delta + 1
-        for r in decode_records(data, pos):
+        for r in records:
             offset = base + r.offset_delta
             if offset >= limit:
                 break  # never hand out what is not committed (invariant 4), even if a broker sent it
             out.append((epoch, ConsumerRecord(topic, partition, offset, first_ts + r.timestamp_delta, r.key, r.value,
                                               tuple(r.headers) if r.headers else ())))
-    return out, next_offset
+    return out, next_offset, None
 
 
 class Consumer:
@@ -310,11 +318,14 @@ class Consumer:
         if code is ErrorCode.NONE:
             hw = int(p.get("high_watermark", -1))
             self._positions.set_high_watermark(tp, hw)
-            records, next_offset = decode_fetched(tp, p.get("records") or b"", hw)
+            records, next_offset, corrupt = decode_fetched(tp, p.get("records") or b"", hw)
             accepted = self._positions.accept(tp, fetch_offset, records)
             if not accepted and next_offset > fetch_offset and (hw < 0 or next_offset <= hw):
                 self._positions.advance_to(tp, fetch_offset, next_offset)
             self._buffer.extend(accepted)
+            if corrupt is not None and not accepted and self._positions.get(tp).offset == fetch_offset:
+                self._backoff([tp])
+                raise corrupt  # the position is at the batch that does not decode
             return
         if code is ErrorCode.OFFSET_OUT_OF_RANGE:
             self._out_of_range(tp, fetch_offset, int(p.get("log_start_offset", -1)),

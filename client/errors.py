@@ -13,6 +13,7 @@ from common.errors import ErrorCode, MinibrokerError, error_for
 __all__ = [
     "BufferExhaustedError",
     "ClientError",
+    "CorruptRecordError",
     "DeliveryTimeoutError",
     "ErrorCode",
     "MinibrokerError",
@@ -48,6 +49,13 @@ class BufferExhaustedError(ClientError):
 
 class ProducerClosedError(ClientError):
     """``send`` after ``close``."""
+
+
+class CorruptRecordError(ClientError):
+    """A fetched batch's records do not decode (Kafka's consumer: "Received exception when fetching the
+    next record ... If needed, please seek past the record to continue consumption")."""
+
+    code = ErrorCode.CORRUPT_MESSAGE
 
 
 # Answers a leader gives before it appends anything: a send that only ever got these (or was never sent)

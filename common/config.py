@@ -121,7 +121,7 @@ def parse_value(d: ConfigDef, raw: Any, key: str | None = None) -> Any:
             return False
         raise ConfigError(f"{key}: expected true or false, got {raw!r}")
     if d.type is int:
-        if isinstance(raw, bool):
+        if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):  # 1.5, inf, nan
             raise ConfigError(f"{key}: expected an integer, got {raw!r}")
         try:
             value = int(raw)

@@ -52,6 +52,8 @@ def _guard(api: str, handler: Handler) -> Callable[[web.Request], Awaitable[web.
             return _msgpack(await handler(request.app[CONTROLLER_KEY], body))
         except BadRequest as exc:
             return web.Response(status=400, text=f"{api}: {exc}")
+        except web.HTTPException:
+            raise  # aiohttp's own answers, e.g. 413 for a body over client_max_size
         except Exception as exc:
             log.exception("request_failed", api=api)
             return _msgpack({"error": int(ErrorCode.UNKNOWN_SERVER_ERROR),

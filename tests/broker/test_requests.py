@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import struct
 from typing import Any
 
 import aiohttp
+import msgpack
 import pytest
 
 from common.errors import ErrorCode
 from common.http import RpcBadRequest, RpcClient
 from common.wire import TopicPartition, encode
+from storage.record_batch import HEADER_SIZE, compute_crc
 from tests.broker.conftest import TP, StartBroker, batch, fetch_body, part, produce_body
 from tests.fake_controller import FakeController
 
@@ -44,6 +47,25 @@ async def test_stale_controller_epoch_and_stale_partition_epoch(start_broker: St
     assert same["partitions"][0]["error"] == ErrorCode.STALE_CONTROLLER_EPOCH  # leader epoch not newer
     um = await rpc.call(addr, "update_metadata", {"controller_id": 1, "controller_epoch": 1, "brokers": []})
     assert um["error"] == ErrorCode.STALE_CONTROLLER_EPOCH
+
+
+async def test_a_bad_topic_config_refuses_the_control_request_whole(start_broker: StartBroker,
+                                                                     controller: FakeController,
+                                                                     rpc: RpcClient) -> None:
+    """An unparsable topic config (inf, 1.5, beyond int64) is a 400 before anything is applied: once it
+    surfaced as an OverflowError after the controller epoch and the metadata cache had been updated."""
+    addr = await leader_broker(start_broker, controller)
+    p = await controller.elect(TP, leader=1, replicas=[1])
+    for bad in (float("inf"), 1.5, 2**64 - 1):
+        with pytest.raises(RpcBadRequest, match=r"retention\.ms"):
+            await controller.send_leader_and_isr(addr, [p.state(TP)], controller_epoch=controller.controller_epoch + 5,
+                                                 topic_configs={TP.topic: {"retention.ms": bad}})
+        with pytest.raises(RpcBadRequest, match=r"segment\.bytes"):
+            await rpc.call(addr, "update_metadata", {
+                "controller_id": 1, "controller_epoch": controller.controller_epoch + 5, "brokers": [],
+                "topic_configs": {TP.topic: {"segment.bytes": bad}}})
+    # the higher controller epoch was not taken: the real controller's requests still apply
+    assert (await controller.send_update_metadata(addr))["error"] == 0
 
 
 async def test_not_leader_and_unknown_partition(start_broker: StartBroker, controller: FakeController,
@@ -182,12 +204,30 @@ async def test_bad_batches_get_error_codes(start_broker: StartBroker, controller
     good = batch(3)
     corrupt = bytearray(good)
     corrupt[-1] ^= 0xFF
+
+    def resealed(data: bytes, *edits: tuple[int, bytes]) -> bytes:
+        """``data`` with each (position, bytes) written over it, batch_length and CRC made right again:
+        what a buggy or hostile producer sends."""
+        buf = bytearray(data)
+        for at, value in edits:
+            buf[at:at + len(value)] = value
+        struct.pack_into(">i", buf, 8, len(buf) - 12)
+        struct.pack_into(">I", buf, 17, compute_crc(buf, 0, len(buf)))
+        return bytes(buf)
+
     cases = [
         (bytes(corrupt), ErrorCode.CORRUPT_MESSAGE),
         (good[:30], ErrorCode.CORRUPT_MESSAGE),
         (batch(50, size=100), ErrorCode.MESSAGE_TOO_LARGE),
         (b"", ErrorCode.INVALID_RECORD),
         (good + good[:20], ErrorCode.CORRUPT_MESSAGE),  # a valid batch then a torn one: nothing appended
+        # a right CRC over records that are no array, or an array of another length than record_count:
+        # once stored, and then every consumer of the partition failed on them
+        (resealed(good[:HEADER_SIZE] + msgpack.packb("hello")), ErrorCode.INVALID_RECORD),
+        (resealed(good, (23, struct.pack(">i", 2**31 - 2)), (57, struct.pack(">i", 2**31 - 1))),
+         ErrorCode.INVALID_RECORD),  # three records that claim 2**31 - 1: the offsets would jump
+        (resealed(good, (21, struct.pack(">h", 2))), ErrorCode.UNSUPPORTED_COMPRESSION_TYPE),
+        (resealed(good, (21, struct.pack(">h", 0x20))), ErrorCode.INVALID_RECORD),  # a control batch
     ]
     for records, code in cases:
         r = part(await rpc.call(addr, "produce", produce_body(records)))

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 from collections.abc import AsyncIterator
 
+import msgpack
 import pytest
 
 from client import Consumer, Producer, ProducerConfig, TopicPartition
 from client.accumulator import record_size
-from client.errors import DeliveryTimeoutError
+from client.errors import CorruptRecordError, DeliveryTimeoutError
 from client.partitioner import partition_for_key
 from common.clock import ManualClock
 from common.errors import ErrorCode, MinibrokerError
+from storage.record_batch import HEADER_SIZE, build_batch, compute_crc
 from tests.client.fake_broker import FakeCluster
 
 TOPIC = "events"
@@ -376,3 +379,35 @@ async def test_a_failed_batch_fails_each_of_its_records_and_no_other(fake: FakeC
                 assert info.value.code is ErrorCode.INVALID_RECORD and not info.value.retriable
             else:
                 assert (await f).offset == i // 3
+
+
+async def test_a_batch_that_does_not_decode_fails_poll_after_the_records_before_it(fake: FakeCluster) -> None:
+    """As Kafka's consumer: what precedes the bad batch is handed out, then poll raises an error that
+    names the offset to seek past; after the seek, consumption goes on."""
+    tp = TopicPartition(TOPIC, 0)
+    async with Producer(fake.bootstrap, fast()) as producer:
+        for value in (b"a", b"b"):
+            await producer.send_and_wait(TOPIC, value, partition=0)
+        part = fake.partitions[tp]
+        # one record by its header and its array length (what a leader checks), but not a record inside
+        bad = bytearray(build_batch([(None, b"x")], base_offset=part.log_end_offset, timestamp_ms=0)[:HEADER_SIZE]
+                        + msgpack.packb([["not a record"]]))
+        struct.pack_into(">i", bad, 8, len(bad) - 12)
+        struct.pack_into(">I", bad, 17, compute_crc(bad, 0, len(bad)))
+        part.batches.append((part.log_end_offset, part.log_end_offset + 1, bytes(bad)))
+        part.log_end_offset += 1
+        await producer.send_and_wait(TOPIC, b"c", partition=0)
+    got: list[bytes | None] = []
+    async with Consumer(fake.bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=50) as consumer:
+        consumer.assign([tp])
+        with pytest.raises(CorruptRecordError, match="seek past offset 2") as info:
+            for _ in range(50):
+                got += [r.value for r in await consumer.poll(timeout_ms=100)]
+        assert info.value.code == ErrorCode.CORRUPT_MESSAGE
+        assert got == [b"a", b"b"]
+        consumer.seek(tp, 3)
+        for _ in range(50):
+            got += [r.value for r in await consumer.poll(timeout_ms=100)]
+            if len(got) == 3:
+                break
+    assert got == [b"a", b"b", b"c"]

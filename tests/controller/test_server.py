@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,8 @@ async def test_create_topic_errors(h: Harness) -> None:
     # beyond a 64-bit integer: refused, not a failed journal write ("no answer for the topic")
     assert await h.create("c", 1, 1, {"min.insync.replicas": str(10**23)}) == ErrorCode.INVALID_CONFIG
     assert await h.create("c", 1, 1, {"retention.bytes": str(2**64)}) == ErrorCode.INVALID_CONFIG
+    for not_an_integer in (float("inf"), float("-inf"), 1.5):  # inf was an OverflowError, 1.5 taken as 1
+        assert await h.create("c", 1, 1, {"segment.bytes": not_an_integer}) == ErrorCode.INVALID_CONFIG
     assert await h.create("c", 1, 1, {"retention.ms": "1"}) == 0  # the controller still serves
     md = await h.call("metadata", {"topics": ["nope"]})
     assert md["topics"][0]["error"] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
@@ -366,6 +369,15 @@ async def test_bad_bodies_are_400(h: Harness, api: str, body: bytes) -> None:
         assert resp.status == 400, await resp.text()
         assert api in await resp.text()
     assert h.c.image.topics == {} and h.c.image.brokers == {}
+
+
+async def test_an_oversized_body_is_413(h: Harness) -> None:
+    """aiohttp's own refusal passes through the handler guard (it once became a 200 UNKNOWN_SERVER_ERROR)."""
+    async with aiohttp.ClientSession() as session, session.post(
+            f"http://{h.address}/v1/metadata", data=io.BytesIO(b"\x00" * (17 * 1024 * 1024)),
+            headers={"Content-Type": CONTENT_TYPE}) as resp:
+        assert resp.status == 413
+    assert (await h.call("metadata", {}))["brokers"] == []  # still serving
 
 
 async def _metrics(h: Harness) -> str:

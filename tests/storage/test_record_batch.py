@@ -154,6 +154,44 @@ def test_record_count_vs_records() -> None:
         rb.validate_batch(_with_body(body, 3))
 
 
+@pytest.mark.parametrize(
+    ("body", "count", "why"),
+    [
+        (msgpack.packb("hello"), 1, "not a msgpack array"),
+        (b"garbage bytes", 1, "not a msgpack array"),
+        (b"", 1, "not a msgpack array"),
+        (msgpack.packb([[0, 0, b"k", b"v", []]]), 2**31 - 1, "an array of 1"),  # offsets would jump by 2**31
+        (msgpack.packb([[i, 0, None, b"v", []] for i in range(20)]), 19, "an array of 20"),  # array 16
+        (b"\xdd\x00\x01\x00\x00", 3, "an array of 65536"),  # array 32
+    ],
+)
+def test_check_frame_reads_the_record_count_off_the_array_header(body: bytes, count: int, why: str) -> None:
+    """The produce path's checks (no record decoded) refuse records that are no array or an array of
+    another length than record_count: such batches once broke every consumer of the partition."""
+    with pytest.raises(RecordCountMismatchError, match=why) as info:
+        rb.check_frame(_with_body(body, count))
+    assert info.value.code == ErrorCode.INVALID_RECORD
+    good = msgpack.packb([[i, 0, None, b"v", []] for i in range(70000)])  # array 32 in the normal case
+    assert rb.check_frame(_with_body(good, 70000)).record_count == 70000
+
+
+@pytest.mark.parametrize(
+    ("attributes", "error", "code"),
+    [
+        (1, rb.UnsupportedCompressionError, ErrorCode.UNSUPPORTED_COMPRESSION_TYPE),
+        (7, rb.UnsupportedCompressionError, ErrorCode.UNSUPPORTED_COMPRESSION_TYPE),
+        (0x10, rb.UnsupportedAttributesError, ErrorCode.INVALID_RECORD),  # transactional
+        (0x20, rb.UnsupportedAttributesError, ErrorCode.INVALID_RECORD),  # control
+    ],
+)
+def test_check_frame_refuses_attributes_this_log_cannot_honour(attributes: int, error: type, code: ErrorCode) -> None:
+    data = _recrc(_corrupt(_batch(3), 21, struct.pack(">h", attributes)))
+    with pytest.raises(error) as info:
+        rb.check_frame(data)
+    assert info.value.code == code
+    assert rb.check_frame(_recrc(_corrupt(_batch(3), 21, struct.pack(">h", 0x08)))).record_count == 3
+
+
 def test_parse_header_short() -> None:
     with pytest.raises(BatchTooShortError):
         rb.parse_header(b"\x00" * 10)
