@@ -8,17 +8,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common.cli_args import non_negative, positive
+from common.cli_args import int_range, non_negative, positive
+
+MAX_NODE_ID = 2**31 - 1  # Kafka's node.id is an int32; the controller refuses a larger one at registration
 
 
 def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("broker", help="run one broker process",
                        description="Run a broker: aiohttp server, replica manager, fetchers, controller link.")
-    p.add_argument("--node-id", type=int, required=True)
+    p.add_argument("--node-id", type=int_range("--node-id", 0, MAX_NODE_ID), required=True, metavar="N",
+                   help=f"0 to {MAX_NODE_ID}")
     p.add_argument("--listen", required=True, metavar="HOST:PORT", help="port 0 binds a free port")
-    p.add_argument("--controller", required=True, metavar="HOST:PORT")
+    p.add_argument("--controller", required=True, metavar="HOST:PORT", help="the controller (port 1-65535)")
     p.add_argument("--data-dir", required=True, type=Path)
-    p.add_argument("--advertise", metavar="HOST:PORT", help="address given to the controller (default: listen)")
+    p.add_argument("--advertise", metavar="HOST:PORT",
+                   help="address given to the controller (default: listen); port 0 advertises the bound port")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="broker config override")
     p.set_defaults(func=_run_broker)
 
@@ -57,13 +61,13 @@ def _run_broker(args: argparse.Namespace) -> int:
 
     # Errors are printed here rather than raised as cli.main.CliError: under ``python -m cli.main`` that
     # module runs as __main__, so its CliError class is not the one an import of cli.main would give us.
-    if args.node_id < 0:
-        return _fail(f"--node-id must be >= 0, got {args.node_id}")
     config = broker_config(parse_assignments(args.set))
     try:
-        host, port = parse_host_port(args.listen, "--listen")
-        parse_host_port(args.controller, "--controller")
-        advertise = parse_host_port(args.advertise, "--advertise") if args.advertise else None
+        host, port = parse_host_port(args.listen, "--listen", allow_port_zero=True)
+        parse_host_port(args.controller, "--controller", allow_port_zero=False)
+        # port 0 here is "the port --listen bound" (BrokerProcess.start), as with --listen ...:0
+        advertise = (parse_host_port(args.advertise, "--advertise", allow_port_zero=True)
+                     if args.advertise else None)
         opts = BrokerOptions(args.node_id, host, port, args.controller, args.data_dir, advertise, config)
         check_meta(args.data_dir, args.node_id)  # refuse another node's data dir before anything starts
         configure("broker", args.node_id)

@@ -28,7 +28,9 @@ from broker.replica_manager import ReplicaManager
 from broker.server import build_server
 from common.clock import Clock, SystemClock
 from common.config import Config
+from common.hostport import split_host_port
 from common.logging import get_logger
+from common.wire import MAX_INT32
 from storage.checkpoint import read_properties
 
 log = get_logger("broker")
@@ -52,11 +54,22 @@ class BrokerOptions:
     config: Config
 
 
-def parse_host_port(text: str, what: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise DataDirError(f"{what}: expected HOST:PORT, got {text!r}")
-    return host, int(port)
+def parse_host_port(text: str, what: str, *, allow_port_zero: bool) -> tuple[str, int]:
+    """``HOST:PORT`` of flag ``what``; ``DataDirError`` (one line, naming the flag) when it is not one."""
+    try:
+        return split_host_port(text, allow_port_zero=allow_port_zero)
+    except ValueError as exc:
+        raise DataDirError(f"{what}: {exc}") from None
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """``text`` quoted for a one-line message, cut to ``limit`` characters."""
+    return repr(text[:limit] + "..." if len(text) > limit else text)
+
+
+def _unusable_meta(path: Path, data_dir: Path, what: str) -> DataDirError:
+    return DataDirError(f"{path} has no usable node.id ({what}); if {data_dir} is not another broker's "
+                        f"data dir, remove {path} and start again")
 
 
 def check_meta(data_dir: Path, node_id: int) -> str:
@@ -67,10 +80,22 @@ def check_meta(data_dir: Path, node_id: int) -> str:
     if path.exists():
         try:
             props = read_properties(path)
-        except (OSError, UnicodeDecodeError) as exc:
+        except UnicodeDecodeError:
+            raise _unusable_meta(path, data_dir, "it is not UTF-8 text") from None
+        except OSError as exc:
             raise DataDirError(f"cannot read {path}: {exc}") from None
-        if props.get("node.id") != str(node_id):
-            raise DataDirError(f"data dir {data_dir} belongs to node.id={props.get('node.id')}, not {node_id}")
+        owner = props.get("node.id")
+        if owner is None:
+            try:
+                text = path.read_text(encoding="utf-8")
+            except OSError as exc:
+                raise DataDirError(f"cannot read {path}: {exc}") from None
+            raise _unusable_meta(path, data_dir, f"it holds {_shown(text.strip())}" if text.strip()
+                                 else "the file is empty")
+        if not (owner.isascii() and owner.isdigit() and len(owner) <= 10 and int(owner) <= MAX_INT32):
+            raise _unusable_meta(path, data_dir, f"node.id={_shown(owner)} is not an integer in [0, {MAX_INT32}]")
+        if int(owner) != node_id:
+            raise DataDirError(f"data dir {data_dir} belongs to node.id={owner}, not {node_id}")
         cluster_id = props.get("cluster.id", cluster_id)
     _write_atomic(path, f"version=1\nnode.id={node_id}\ncluster.id={cluster_id}\n")
     return cluster_id

@@ -27,15 +27,15 @@ log = get_logger(__name__)
 
 def parse_bootstrap(text: str) -> list[str]:
     """``"h1:p1,h2:p2"`` -> ``["h1:p1", "h2:p2"]``; ``ValueError`` with a readable message."""
+    from common.hostport import split_host_port  # here, not at the top: this function is all that uses it
+
     out: list[str] = []
     for item in text.split(","):
         item = item.strip()
         if not item:
             continue
-        host, sep, port = item.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"expected HOST:PORT, got {item!r}")
-        out.append(f"{host}:{int(port)}")
+        host, port = split_host_port(item, allow_port_zero=False)  # a connect target: no port 0
+        out.append(f"{host}:{port}")
     if not out:
         raise ValueError("no bootstrap address given")
     return out

@@ -19,6 +19,13 @@ N = TypeVar("N", int, float)
 INT64_MAX = 2**63 - 1
 
 
+def _int(text: str) -> int:
+    """``int`` of ASCII digits only: ``int`` also reads other scripts' digits ('٣' is 3)."""
+    if not text.isascii():
+        raise ValueError(text)
+    return int(text)
+
+
 def _show(value: float) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
@@ -42,12 +49,17 @@ def _bounded(name: str, convert: Callable[[str], N], kind: str, low: N, high: N 
 
 def positive(name: str) -> Callable[[str], int]:
     """An integer > 0."""
-    return _bounded(name, int, "an integer", 0, INT64_MAX, strict=True)
+    return _bounded(name, _int, "an integer", 0, INT64_MAX, strict=True)
 
 
 def non_negative(name: str) -> Callable[[str], int]:
     """An integer >= 0."""
-    return _bounded(name, int, "an integer", 0, INT64_MAX, strict=False)
+    return _bounded(name, _int, "an integer", 0, INT64_MAX, strict=False)
+
+
+def int_range(name: str, low: int, high: int) -> Callable[[str], int]:
+    """An integer from ``low`` to ``high`` (an id of Kafka's int32, say)."""
+    return _bounded(name, _int, "an integer", low, high, strict=False)
 
 
 def number(name: str) -> Callable[[str], float]:
@@ -67,4 +79,4 @@ def non_negative_float(name: str) -> Callable[[str], float]:
 
 def port(name: str) -> Callable[[str], int]:
     """A TCP port, 1-65535."""
-    return _bounded(name, int, "a port number", 1, 65535, strict=False)
+    return _bounded(name, _int, "a port number", 1, 65535, strict=False)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from common.cli_args import positive
+from common.hostport import split_host_port
 
 
 def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAction[Any]) -> None:
@@ -48,13 +49,6 @@ def run_bench(args: argparse.Namespace) -> int:
     return main(args)
 
 
-def parse_listen(text: str) -> tuple[str, int] | None:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        return None
-    return host, int(port)
-
-
 def write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
@@ -65,11 +59,11 @@ def run(args: argparse.Namespace) -> int:
     from common.config import controller_config, parse_assignments
     from common.logging import configure
 
-    listen = parse_listen(args.listen)
-    if listen is None:
-        print(f"minibroker: error: --listen: expected HOST:PORT, got {args.listen!r}", file=sys.stderr)
+    try:
+        host, port = split_host_port(args.listen, allow_port_zero=True)
+    except ValueError as exc:
+        print(f"minibroker: error: --listen: {exc}", file=sys.stderr)
         return 2
-    host, port = listen
     config = controller_config(parse_assignments(args.settings))
     data_dir = Path(args.data_dir)
     configure("controller", "controller")

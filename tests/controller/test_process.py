@@ -102,12 +102,18 @@ def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
 
     a_file = tmp_path / "file"
     a_file.write_text("not a directory")
-    for data_dir, extra in ((tmp_path / "d", ["--listen", "nowhere"]),
-                            (tmp_path / "d", ["--listen", "127.0.0.1:0", "--set", "nope=1"]),
-                            (tmp_path / "d", ["--listen", "127.0.0.1:0", "--set", "broker.session.timeout.ms=abc"]),
-                            (a_file, ["--listen", "127.0.0.1:0"])):  # once a FileExistsError traceback
+    for data_dir, extra, message in (
+            (tmp_path / "d", ["--listen", "nowhere"], "--listen: expected HOST:PORT, got 'nowhere'"),
+            # '²' was once a ValueError traceback, '٣' was read as port 3
+            (tmp_path / "d", ["--listen", "127.0.0.1:²"], "--listen: expected HOST:PORT, got '127.0.0.1:²'"),
+            (tmp_path / "d", ["--listen", "127.0.0.1:٣"], "--listen: expected HOST:PORT, got '127.0.0.1:٣'"),
+            (tmp_path / "d", ["--listen", "127.0.0.1:65536"], "--listen: port must be 0-65535, got '127.0.0.1:65536'"),
+            (tmp_path / "d", ["--listen", "127.0.0.1:0", "--set", "nope=1"], "error"),
+            (tmp_path / "d", ["--listen", "127.0.0.1:0", "--set", "broker.session.timeout.ms=abc"], "error"),
+            (a_file, ["--listen", "127.0.0.1:0"], "error")):  # once a FileExistsError traceback
         run = subprocess.run([sys.executable, "-m", "cli.main", "controller", "--data-dir", str(data_dir),
                               *extra], cwd=ROOT, capture_output=True, timeout=60)
         assert run.returncode == 2, run.stderr
         assert run.stderr.decode().strip().count("\n") == 0 and b"error" in run.stderr, run.stderr
+        assert b"Traceback" not in run.stderr and message in run.stderr.decode(), run.stderr
     assert a_file.read_text() == "not a directory"
