@@ -53,6 +53,7 @@ import json
 import os
 import random
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -409,7 +410,10 @@ async def create_topic(controller: str, partitions: int, unclean: bool) -> None:
 async def workload(args: argparse.Namespace, data_dir: Path, out: Path, plan: list[Fault]) -> dict[str, Any]:
     spec = _spec(data_dir)
     stats = Stats()
-    rec = Recorder(out / "history.jsonl", stats)
+    try:
+        rec = Recorder(out / "history.jsonl", stats)
+    except OSError as exc:
+        raise CliError(f"cannot write {out / 'history.jsonl'}: {exc.strerror or exc}") from None
     try:
         await create_topic(spec.controller.address, args.partitions, args.unclean)
         await wait_full_isr(spec.controller.address, 3, 30)
@@ -453,27 +457,88 @@ def _faults(text: str) -> tuple[str, ...]:
     return kinds
 
 
-def _ensure_cluster(args: argparse.Namespace, data_dir: Path) -> bool:
-    """Use the cluster running in ``data_dir``, or start one; True if this run started it."""
+# what a run writes into --out
+OUT_FILES = ("history.jsonl", "summary.json")
+
+
+def _check_creatable(path: Path, flag: str) -> None:
+    """``path`` is a directory, or one can be made there (checked without creating anything)."""
+    for p in (path, *path.parents):
+        try:
+            st = os.stat(p)
+        except (FileNotFoundError, NotADirectoryError):
+            if not os.path.lexists(p):  # else a dangling symlink: no directory can be made there
+                continue
+            is_dir = False
+        except OSError as exc:
+            raise CliError(f"cannot use {flag} {path}: {p}: {exc.strerror or exc}") from None
+        else:
+            is_dir = stat.S_ISDIR(st.st_mode)
+        if p == path:
+            if not is_dir:
+                raise CliError(f"{flag} {path} exists and is not a directory")
+        elif not is_dir:
+            raise CliError(f"cannot create {flag} {path}: {p} is not a directory")
+        elif not os.access(p, os.W_OK | os.X_OK):
+            raise CliError(f"cannot create {flag} {path}: no permission to write in {p}")
+        return
+
+
+def check_out(out: Path) -> None:
+    """``--out`` is a directory or can be made one, and the files the run writes there can be written: all
+    checked before any cluster starts (once a summary.json that was a directory failed only after the run)."""
+    _check_creatable(out, "--out")
+    if not out.is_dir():
+        return
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise CliError(f"cannot write into --out {out}: permission denied")
+    for name in OUT_FILES:
+        f = out / name
+        if f.is_dir():
+            raise CliError(f"--out {out}: {name} there is a directory; choose another --out")
+        if f.is_symlink() and not f.exists():
+            raise CliError(f"--out {out}: {name} there is a dangling symlink; choose another --out")
+    if (out / "history.jsonl").exists():
+        raise CliError(f"{out} already holds a history.jsonl; choose another --out")
+    summary = out / "summary.json"
+    if summary.exists() and not os.access(summary, os.W_OK):
+        raise CliError(f"cannot write {summary}: permission denied")
+
+
+def _broker_settings(args: argparse.Namespace) -> list[str]:
+    # A bounded controlled shutdown keeps SIGTERM bounces and the final stop short: when every broker
+    # stops at once leadership has nowhere to go and Kafka's 30 s default would be waited out.
+    return ["controlled.shutdown.max.wait.ms=5000", *args.set]
+
+
+def _cluster_to_start(args: argparse.Namespace, data_dir: Path) -> cl.ClusterSpec | None:
+    """The cluster this run would start in ``data_dir``, checked (settings, data dir, commands, ports) but
+    not started; None when a cluster is running there already and is to be used."""
     if (data_dir / cl.CLUSTER_FILE).exists():
         spec = cl.load(data_dir)
         if all(cl.is_running(m) for m in spec.members):
-            print(f"using the cluster running in {data_dir}", flush=True)
-            return False
+            return None
         if any(cl.is_running(m) for m in spec.members):
             raise CliError(f"the cluster in {data_dir} is partly running; `minibroker cluster down` first")
     controller_settings = [f"broker.session.timeout.ms={args.session_timeout_ms}"]
-    # A bounded controlled shutdown keeps SIGTERM bounces and the final stop short: when every broker
-    # stops at once leadership has nowhere to go and Kafka's 30 s default would be waited out.
-    broker_settings = ["controlled.shutdown.max.wait.ms=5000", *args.set]
-    spec = cl.plan(data_dir, args.brokers, args.base_port, settings=broker_settings,
+    spec = cl.plan(data_dir, args.brokers, args.base_port, settings=_broker_settings(args),
                    controller_settings=controller_settings)
     if _NET is not None:  # every member in its own namespace, on its address there
         net = _NET
         spec = replace(spec, host=net.node("controller").address,
                        members=tuple(replace(m, host=net.node(m.name).address, netns=net.node(m.name).ns)
                                      for m in spec.members))
-    print(f"starting a cluster of {args.brokers} brokers in {data_dir}", flush=True)
+    _check_creatable(data_dir, "--data-dir")
+    cl.preflight(spec)
+    return spec
+
+
+def _ensure_cluster(data_dir: Path, spec: cl.ClusterSpec | None) -> bool:
+    """Use the cluster running in ``data_dir`` (``spec`` None), or start ``spec``; True if this run started it."""
+    if spec is None:
+        print(f"using the cluster running in {data_dir}", flush=True)
+        return False
+    print(f"starting a cluster of {len(spec.brokers)} brokers in {data_dir}", flush=True)
     cl.up(spec, timeout_s=60)
     return True
 
@@ -492,12 +557,19 @@ def _inner_argv(args: argparse.Namespace, data_dir: Path, out: Path) -> list[str
     return argv
 
 
-def _run_in_namespaces(args: argparse.Namespace, data_dir: Path, out: Path) -> int:
-    """Create the namespaces, run this command again inside the client one, always remove them."""
+def _check_namespaced_run(args: argparse.Namespace, data_dir: Path) -> None:
+    """What the outer run of ``--faults partition`` checks before it creates anything."""
     if args.keep_running:
         raise CliError("--keep-running cannot be combined with --faults partition (the namespaces are removed)")
+    _check_creatable(data_dir, "--data-dir")
     if (data_dir / cl.CLUSTER_FILE).exists() and any(cl.is_running(m) for m in cl.load(data_dir).members):
         raise CliError(f"--faults partition starts its own cluster, but one is running in {data_dir}")
+    cl.check_settings(_broker_settings(args), [])
+
+
+def _run_in_namespaces(args: argparse.Namespace, data_dir: Path, out: Path) -> int:
+    """Create the namespaces, run this command again inside the client one, always remove them."""
+    _check_namespaced_run(args, data_dir)
     net = netns.plan(str(os.getpid()), netns.chaos_roles(args.brokers))
     print(f"network namespaces {net.hub}, {', '.join(n.ns for n in net.nodes)} (10.213.0.0/24)", flush=True)
 
@@ -538,18 +610,33 @@ def run(args: argparse.Namespace) -> int:
     faults = _faults(args.faults)
     if args.duration <= 0 or args.brokers < 3:
         raise CliError("--duration must be > 0 and --brokers >= 3 (the topic has RF=3)")
+    for flag, value in (("--data-dir", args.data_dir), ("--out", args.out)):
+        if not value.strip():
+            raise CliError(f"{flag} must not be empty")
     data_dir = Path(args.data_dir).resolve()
     out = Path(args.out).resolve()
-    if "partition" in faults and netns.ENV not in os.environ:
-        netns.require()  # before creating anything
-    out.mkdir(parents=True, exist_ok=True)
-    if (out / "history.jsonl").exists():
-        raise CliError(f"{out} already holds a history.jsonl; choose another --out")
-    if "partition" in faults and netns.ENV not in os.environ:
-        return _run_in_namespaces(args, data_dir, out)
-    if "partition" in faults:
-        _NET = netns.NetPlan.from_json(os.environ[netns.ENV])
-    started = _ensure_cluster(args, data_dir)
+    outer = "partition" in faults and netns.ENV not in os.environ
+    # every check of --data-dir and --out before either is created
+    if outer:
+        netns.require()
+        _check_namespaced_run(args, data_dir)
+    spec: cl.ClusterSpec | None = None
+    if not outer:
+        if "partition" in faults:
+            _NET = netns.NetPlan.from_json(os.environ[netns.ENV])
+        spec = _cluster_to_start(args, data_dir)
+    check_out(out)
+    created_out = cl.make_dirs(out, "--out")
+    try:
+        if outer:
+            status = _run_in_namespaces(args, data_dir, out)
+            if status != 0:
+                cl.remove_empty_dirs(out, created_out)
+            return status
+        started = _ensure_cluster(data_dir, spec)
+    except BaseException:  # the run did not start: leave no --out behind that it created
+        cl.remove_empty_dirs(out, created_out)
+        raise
     brokers = [m.name for m in cl.load(data_dir).brokers]
     plan = schedule(args.seed, args.duration, faults, brokers, session_timeout_s=args.session_timeout_ms / 1000)
     print(f"chaos: {args.duration:.0f}s, seed {args.seed}, {len(plan)} faults planned ({', '.join(faults)})",
@@ -561,7 +648,10 @@ def run(args: argparse.Namespace) -> int:
             spec = cl.load(data_dir)
             cl.stop_members(spec.brokers, timeout_s=40)
             cl.stop_members([spec.controller], timeout_s=10)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    try:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    except OSError as exc:  # checked up front; only something changed during the run gets here
+        raise CliError(f"cannot write {out / 'summary.json'}: {exc.strerror or exc}") from None
     print(f"summary: acked {summary['acked']}, failed {summary['failed']}, indeterminate {summary['indeterminate']}, "
           f"faults injected {summary['faults_injected']}, elections seen {summary['elections_seen']}, "
           f"ISR full at end: {summary['isr_full_at_end']}, final read {summary['final_read']} records")

@@ -419,8 +419,9 @@ def check_executables(spec: ClusterSpec) -> None:
                            + (" (check --exec)" if spec.exec_argv and program == spec.exec_argv[0] else ""))
 
 
-def _make_dir(path: Path) -> Path | None:
-    """``mkdir -p path``; returns the topmost directory it created (None if ``path`` existed)."""
+def make_dirs(path: Path, flag: str) -> Path | None:
+    """``mkdir -p path``; the topmost directory it created (None if ``path`` existed), for the caller to
+    remove if what follows fails. ``CliError`` naming ``flag`` if it cannot; then nothing it made stays."""
     top = None
     for p in (path, *path.parents):
         if p.is_dir():
@@ -428,11 +429,26 @@ def _make_dir(path: Path) -> Path | None:
         top = p
     try:
         path.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise CliError(f"{path} exists and is not a directory (--data-dir names the cluster directory)") from None
     except OSError as exc:
-        raise CliError(f"cannot create {path}: {exc.strerror or exc}") from None
+        remove_empty_dirs(path, top)  # a partly made chain (a later mkdir refused)
+        if isinstance(exc, FileExistsError):
+            raise CliError(f"{flag} {path} exists and is not a directory") from None
+        raise CliError(f"cannot create {flag} {path}: {exc.strerror or exc}") from None
     return top
+
+
+def remove_empty_dirs(path: Path, created: Path | None) -> None:
+    """Remove ``path`` and its parents up to ``created`` (what ``make_dirs`` made) while they are empty:
+    anything written into them since, another run's data dir say, is never removed."""
+    if created is None:
+        return
+    for d in (path, *path.parents):
+        try:
+            d.rmdir()
+        except OSError:
+            return
+        if d == created:
+            return
 
 
 def preflight(spec: ClusterSpec) -> None:
@@ -458,7 +474,7 @@ def up(spec: ClusterSpec, timeout_s: float) -> ClusterSpec:
     could not even be started, also removes the files and directories this call created."""
     preflight(spec)
     root = Path(spec.data_dir)
-    created_root = _make_dir(root)
+    created_root = make_dirs(root, "--data-dir")
     existing = {p for m in spec.members for p in (Path(m.data_dir), Path(m.log)) if p.exists()}
     had_cluster_file = (root / CLUSTER_FILE).exists()
     all_started = False

@@ -1,0 +1,140 @@
+"""Log files are JSON lines, also for records of the standard ``logging`` module: aiohttp rejecting a request
+itself (a 20,000-character URL) once wrote a multi-line Python traceback into the broker's and controller's
+JSON logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+import pytest
+import structlog
+
+from common.logging import configure, get_logger
+from tests.cli.helpers import minibroker
+
+
+@pytest.fixture
+def log_file(tmp_path: Path) -> Iterator[tuple[Path, TextIO]]:
+    """A file for stderr (as a cluster member's; see ``as_stderr``); logging as it was is restored afterwards."""
+    saved_config = structlog.get_config()
+    saved_handlers = list(logging.getLogger().handlers)
+    path = tmp_path / "broker.log"
+    with path.open("w", encoding="utf-8") as f:
+        try:
+            yield path, f
+        finally:
+            root = logging.getLogger()
+            for h in list(root.handlers):
+                if h not in saved_handlers:
+                    root.removeHandler(h)
+            structlog.configure(**saved_config)
+            structlog.contextvars.clear_contextvars()
+
+
+def as_stderr(monkeypatch: pytest.MonkeyPatch, f: TextIO) -> None:
+    # in the test itself: pytest's output capture sets sys.stderr anew for each phase
+    monkeypatch.setattr(sys, "stderr", f)
+
+
+def json_lines(path: Path) -> list[dict[str, Any]]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert lines
+    docs = []
+    for line in lines:
+        try:
+            docs.append(json.loads(line))
+        except ValueError:
+            pytest.fail(f"not a JSON line in the log: {line!r}\n--- the log:\n" + "\n".join(lines))
+    return docs
+
+
+def test_library_records_with_tracebacks_are_one_json_line(log_file: tuple[Path, TextIO],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    path, f = log_file
+    as_stderr(monkeypatch, f)
+    configure("broker", 1)  # as `minibroker broker` does, its stderr a file
+    get_logger("broker").info("allocator_thresholds", fixed=True)
+    try:
+        raise ValueError("boom\nwith a second line")
+    except ValueError:
+        # what aiohttp's server does when its parser refuses a request line
+        logging.getLogger("aiohttp.server").error("Error handling request from %s", "127.0.0.1", exc_info=True)
+    logging.getLogger("some.library").warning("a warning\nover two lines")
+    f.flush()
+    docs = json_lines(path)
+    assert len(docs) == 3
+    ours, error, warning = docs
+    # our own events: unchanged (no logger name added, the same keys)
+    assert set(ours) == {"fixed", "event", "role", "node_id", "level", "timestamp"}
+    assert ours["event"] == "allocator_thresholds" and ours["role"] == "broker" and ours["node_id"] == 1
+    assert error["event"] == "Error handling request from 127.0.0.1"
+    assert error["level"] == "error" and error["logger"] == "aiohttp.server"
+    assert error["role"] == "broker" and error["node_id"] == 1 and "timestamp" in error
+    assert error["exception"].startswith("Traceback (most recent call last):")
+    assert "ValueError: boom\nwith a second line" in error["exception"]
+    assert warning["event"] == "a warning\nover two lines" and warning["level"] == "warning"
+    assert warning["logger"] == "some.library"
+
+
+def test_configure_twice_installs_one_handler(log_file: tuple[Path, TextIO], monkeypatch: pytest.MonkeyPatch) -> None:
+    path, f = log_file
+    as_stderr(monkeypatch, f)
+    configure("broker", 1)
+    configure("broker", 2)
+    logging.getLogger("aiohttp.server").error("once")
+    f.flush()
+    docs = json_lines(path)
+    assert [d["event"] for d in docs] == ["once"] and docs[0]["node_id"] == 2
+
+
+def test_level_filters_library_records_too(log_file: tuple[Path, TextIO], monkeypatch: pytest.MonkeyPatch) -> None:
+    path, f = log_file
+    as_stderr(monkeypatch, f)
+    configure("client", level="ERROR")
+    logging.getLogger("some.library").warning("not shown")
+    logging.getLogger("some.library").error("shown")
+    f.flush()
+    assert [d["event"] for d in json_lines(path)] == ["shown"]
+
+
+def test_a_too_long_request_line_leaves_the_controller_log_json(tmp_path: Path) -> None:
+    """A real controller (aiohttp, configured as in a cluster), sent a 20,000-byte request line."""
+    log = tmp_path / "controller.log"
+    data = tmp_path / "ctl"
+    with log.open("w") as err:
+        proc = subprocess.Popen([*minibroker(), "controller", "--listen", "127.0.0.1:0", "--data-dir", str(data)],
+                                stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 20
+        while not (data / "endpoint").exists():
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "the controller did not start"
+            time.sleep(0.05)
+        host, port = (data / "endpoint").read_text().rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert s.recv(64).startswith(b"HTTP/1.")
+        while "Error handling request" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    docs = json_lines(log)
+    errors = [d for d in docs if d.get("logger") == "aiohttp.server"]
+    assert len(errors) == 1 and errors[0]["level"] == "error" and errors[0]["role"] == "controller"
+    assert "Traceback (most recent call last):" in errors[0]["exception"]
+    assert "8190" in errors[0]["exception"]
+    assert docs[-1]["event"] == "controller_stopping"
