@@ -231,6 +231,7 @@ def format_record(rec: Any, fmt: str, print_key: bool = False, key_separator: st
 async def consume_main(args: argparse.Namespace, out: TextIO) -> int:
     from client.consumer import Consumer, ConsumerConfig
     from client.fetch_state import OffsetReset
+    from common.errors import ErrorCode, error_for
     from common.wire import TopicPartition
 
     reset = OffsetReset.EARLIEST if args.from_beginning else OffsetReset.LATEST
@@ -257,6 +258,9 @@ async def consume_main(args: argparse.Namespace, out: TextIO) -> int:
             limit = None if args.max_messages is None else args.max_messages - count
             records = await consumer.poll(timeout_ms=poll_ms, max_records=limit)
             if not records:
+                if await topic_deleted(consumer, args.topic):
+                    raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                    f"UNKNOWN_TOPIC_OR_PARTITION: topic '{args.topic}' was deleted")
                 idle_ms += int((asyncio.get_running_loop().time() - started) * 1000) or poll_ms
                 if args.timeout_ms is not None and idle_ms >= args.timeout_ms:
                     break
@@ -269,6 +273,26 @@ async def consume_main(args: argparse.Namespace, out: TextIO) -> int:
         await consumer.close()
     print(f"consumed {count} messages", file=sys.stderr)
     return 0
+
+
+async def topic_deleted(consumer: Any, topic: str) -> bool:
+    """True when the consumer's metadata says ``topic`` no longer exists and a fresh metadata request
+    confirms it (a consumed topic that vanished was deleted: without this, consume would wait forever)."""
+    from client.errors import NoBrokersAvailableError
+    from common.errors import ErrorCode
+
+    def gone() -> bool:
+        md = consumer.metadata.current
+        return (md.topic_errors.get(topic) == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                and not md.partitions_for(topic))
+
+    if not gone():
+        return False
+    try:
+        await consumer.metadata.refresh(force=True)
+    except NoBrokersAvailableError:
+        return False
+    return gone()
 
 
 def cmd_consume(args: argparse.Namespace) -> int:

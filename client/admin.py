@@ -13,12 +13,39 @@ controller's address, so asking a broker would not help.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from common.errors import ErrorCode, error_for
 from common.http import RpcClient, RpcError
+
+_INT32_MAX = 2**31 - 1
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"topic name must be a str, got {type(name).__name__} {name!r}")
+    if not name:
+        raise ValueError("topic name must not be empty")
+    return name
+
+
+def _check_names(topics: object) -> list[str] | None:
+    """``None`` (all topics) or a list of names; a bare str is refused (it would be read as its letters)."""
+    if topics is None:
+        return None
+    if isinstance(topics, (str, bytes)) or not isinstance(topics, Iterable):
+        raise TypeError(f"topics must be a list of str or None, got {type(topics).__name__} {topics!r}")
+    return [_check_name(t) for t in topics]
+
+
+def _check_count(what: str, value: object) -> None:
+    """An int32 count; -1 (None is turned into -1 by NewTopic) asks for the controller's default."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{what} must be an int, got {type(value).__name__} {value!r}")
+    if not -1 <= value <= _INT32_MAX:
+        raise ValueError(f"{what} must be -1 (the default) or 0..{_INT32_MAX}, got {value}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,9 +55,27 @@ class NewTopic:
     replication_factor: int
     configs: Mapping[str, str]
 
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        for field_name in ("num_partitions", "replication_factor"):
+            if getattr(self, field_name) is None:
+                object.__setattr__(self, field_name, -1)
+            _check_count(field_name.replace("_", " "), getattr(self, field_name))
+        if self.configs is None:
+            object.__setattr__(self, "configs", {})
+        if not isinstance(self.configs, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in self.configs.items()):
+            raise TypeError(f"configs must be a mapping of str to str, got {self.configs!r}")
+
 
 class Admin:
     def __init__(self, controller: str, *, timeout_ms: int = 10_000) -> None:
+        if not isinstance(controller, str):
+            raise TypeError(f"controller must be a str HOST:PORT, got {type(controller).__name__} {controller!r}")
+        if not isinstance(timeout_ms, int) or isinstance(timeout_ms, bool):
+            raise TypeError(f"timeout_ms must be an int, got {type(timeout_ms).__name__} {timeout_ms!r}")
+        if timeout_ms <= 0:
+            raise ValueError(f"timeout_ms must be > 0, got {timeout_ms}")
         self.controller = controller
         self._timeout_s = timeout_ms / 1000
         self._rpc = RpcClient(limit_per_host=8, timeout_s=self._timeout_s)
@@ -46,6 +91,12 @@ class Admin:
 
     async def create_topics(self, topics: Sequence[NewTopic]) -> dict[str, tuple[ErrorCode, str]]:
         """Per topic: (error code, message). Nothing is raised for per-topic errors."""
+        if isinstance(topics, (str, bytes, NewTopic)) or not isinstance(topics, Iterable):
+            raise TypeError(f"topics must be a list of NewTopic, got {type(topics).__name__} {topics!r}")
+        topics = list(topics)
+        for t in topics:
+            if not isinstance(t, NewTopic):
+                raise TypeError(f"topics must be a list of NewTopic, got an item {t!r}")
         body = {"topics": [{"name": t.name, "num_partitions": t.num_partitions,
                             "replication_factor": t.replication_factor, "configs": dict(t.configs)}
                            for t in topics]}
@@ -63,6 +114,7 @@ class Admin:
             raise error_for(code, f"{code.name}: {message}" if message else code.name)
 
     async def delete_topic(self, name: str) -> None:
+        _check_name(name)
         resp = await self._rpc.call(self.controller, "delete_topics", {"topics": [name]})
         for t in resp.get("topics") or []:
             code = ErrorCode.of(int(t.get("error", 0)))
@@ -71,7 +123,8 @@ class Admin:
                 raise error_for(code, f"{code.name}: {message}" if message else code.name)
 
     async def metadata(self, topics: Sequence[str] | None = None) -> dict[str, Any]:
-        return await self._rpc.call(self.controller, "metadata", {"topics": list(topics) if topics else None})
+        names = _check_names(topics)
+        return await self._rpc.call(self.controller, "metadata", {"topics": names if names else None})
 
     async def controller_status(self) -> dict[str, Any]:
         status = await self._rpc.get_json(self.controller, "/v1/status")

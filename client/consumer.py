@@ -32,7 +32,7 @@ from client.errors import CorruptRecordError, NoBrokersAvailableError
 from client.fetch_state import ConsumerRecord, OffsetReset, Positions
 from client.metadata import MetadataCache, parse_bootstrap
 from common.clock import Clock, SystemClock
-from common.errors import ErrorCode, error_for
+from common.errors import ErrorCode, MinibrokerError, error_for
 from common.http import RpcBadRequest, RpcClient, RpcError
 from common.logging import get_logger
 from common.wire import TopicPartition
@@ -49,6 +49,43 @@ _REFRESH_ON = frozenset({ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOP
                          ErrorCode.REPLICA_NOT_AVAILABLE, ErrorCode.NETWORK_EXCEPTION})
 
 
+_INT32_MAX = 2**31 - 1
+_INT64_MAX = 2**63 - 1
+
+
+def _check_int(name: str, value: object, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` if it is an int (not a bool) within bounds; else TypeError / ValueError naming ``name``."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        low = "" if minimum is None else f" >= {minimum}"
+        high = "" if maximum is None else f" <= {maximum}"
+        raise ValueError(f"{name} must be{low}{' and' if low and high else ''}{high}, got {value}")
+    return value
+
+
+def as_topic_partition(item: object) -> TopicPartition:
+    """A ``TopicPartition`` from a TopicPartition or ``(topic, partition)``; TypeError / ValueError for a
+    non-str or empty topic, a non-int (bool, float) or negative partition."""
+    topic: object
+    partition: object
+    try:
+        topic, partition = item  # type: ignore[misc]
+    except (TypeError, ValueError):
+        raise TypeError(f"a partition must be a TopicPartition or (topic, partition), got {item!r}") from None
+    if not isinstance(topic, str):
+        raise TypeError(f"topic must be a str, got {type(topic).__name__} {topic!r}")
+    if not topic:
+        raise ValueError("topic must not be empty")
+    return TopicPartition(topic, _check_int("partition", partition, 0, _INT32_MAX))
+
+
+def _partition_list(tps: object, what: str) -> list[TopicPartition]:
+    if isinstance(tps, (str, bytes, TopicPartition)) or not isinstance(tps, Iterable):
+        raise TypeError(f"{what} takes a list of TopicPartition, got {type(tps).__name__} {tps!r}")
+    return [as_topic_partition(tp) for tp in tps]
+
+
 @dataclass(frozen=True, slots=True)
 class ConsumerConfig:
     auto_offset_reset: OffsetReset = OffsetReset.LATEST
@@ -61,6 +98,19 @@ class ConsumerConfig:
     retry_backoff_ms: int = 100
 
     def __post_init__(self) -> None:
+        reset = self.auto_offset_reset
+        if isinstance(reset, str):
+            try:
+                object.__setattr__(self, "auto_offset_reset", OffsetReset(reset))
+            except ValueError:
+                raise ValueError("auto.offset.reset must be one of "
+                                 f"{', '.join(r.value for r in OffsetReset)}, got {reset!r}") from None
+        elif not isinstance(reset, OffsetReset):
+            raise TypeError(f"auto.offset.reset must be an OffsetReset or one of "
+                            f"{', '.join(r.value for r in OffsetReset)}, got {type(reset).__name__} {reset!r}")
+        for name in ("fetch_min_bytes", "fetch_max_wait_ms", "fetch_max_bytes", "max_partition_fetch_bytes",
+                     "max_poll_records", "request_timeout_ms", "retry_backoff_ms"):
+            _check_int(name.replace("_", "."), getattr(self, name))
         for name in ("fetch_min_bytes", "fetch_max_bytes", "max_partition_fetch_bytes", "max_poll_records",
                      "request_timeout_ms"):
             if getattr(self, name) <= 0:
@@ -110,11 +160,14 @@ class Consumer:
     def __init__(self, bootstrap: str | Sequence[str], config: ConsumerConfig | None = None, *,
                  clock: Clock | None = None, **settings: Any) -> None:
         if config is None:
-            if isinstance(settings.get("auto_offset_reset"), str):
-                settings["auto_offset_reset"] = OffsetReset(settings["auto_offset_reset"])
             config = ConsumerConfig(**settings)
+        elif not isinstance(config, ConsumerConfig):
+            raise TypeError(f"config must be a ConsumerConfig, got {type(config).__name__} {config!r}")
         elif settings:
             raise TypeError("pass either config or keyword settings, not both")
+        if not isinstance(bootstrap, str) and (
+                not isinstance(bootstrap, Sequence) or not all(isinstance(a, str) for a in bootstrap)):
+            raise TypeError(f"bootstrap must be a str or a list of str, got {bootstrap!r}")
         self.config = config
         self._clock = clock or SystemClock()
         addresses = parse_bootstrap(bootstrap) if isinstance(bootstrap, str) else list(bootstrap)
@@ -126,6 +179,8 @@ class Consumer:
         self._in_flight: dict[str, asyncio.Task[_FetchResult]] = {}
         self._fetching: set[TopicPartition] = set()
         self._backoff_until: dict[TopicPartition, int] = {}
+        self._reported_unknown: set[TopicPartition] = set()
+        self._reset_wanted: list[TopicPartition] = []
         self._closed = False
 
     async def __aenter__(self) -> Consumer:
@@ -150,7 +205,7 @@ class Consumer:
     # -- assignment and positions ----------------------------------------------------------------
 
     def assign(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> None:
-        tps = [TopicPartition(str(t), int(p)) for t, p in partitions]
+        tps = _partition_list(partitions, "assign")
         self._positions.assign(tps)
         self.metadata.add_topics({tp.topic for tp in tps})
         self._buffer = deque(r for r in self._buffer if TopicPartition(r.topic, r.partition) in set(tps))
@@ -166,19 +221,27 @@ class Consumer:
         return tps
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
-        tp = TopicPartition(*tp)
+        tp = as_topic_partition(tp)
+        _check_int("offset", offset)
         self._positions.seek(tp, offset)
         self._drop_buffered(tp)
 
     async def seek_to_beginning(self, *tps: TopicPartition) -> None:
-        await self._reset(list(tps) or self.assignment(), OffsetReset.EARLIEST)
+        await self._reset(self._assigned(tps) or self.assignment(), OffsetReset.EARLIEST)
 
     async def seek_to_end(self, *tps: TopicPartition) -> None:
-        await self._reset(list(tps) or self.assignment(), OffsetReset.LATEST)
+        await self._reset(self._assigned(tps) or self.assignment(), OffsetReset.LATEST)
+
+    def _assigned(self, tps: Iterable[object]) -> list[TopicPartition]:
+        """``tps`` checked to be assigned, before any request is sent (NotAssignedError otherwise)."""
+        out = [as_topic_partition(tp) for tp in tps]
+        for tp in out:
+            self._positions.get(tp)
+        return out
 
     async def position(self, tp: TopicPartition) -> int:
         """The offset of the next record ``poll`` returns for ``tp``."""
-        tp = TopicPartition(*tp)
+        tp = self._assigned([tp])[0]
         for r in self._buffer:
             if r.topic == tp.topic and r.partition == tp.partition:
                 return r.offset
@@ -190,7 +253,7 @@ class Consumer:
 
     def high_watermark(self, tp: TopicPartition) -> int:
         """The HW seen in the last fetch of ``tp`` (-1 before any)."""
-        return self._positions.get(TopicPartition(*tp)).high_watermark
+        return self._positions.get(as_topic_partition(tp)).high_watermark
 
     async def end_offsets(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
         return await self.list_offsets(tps, LATEST_TIMESTAMP)
@@ -207,12 +270,13 @@ class Consumer:
         """Up to ``max_records`` records, waiting up to ``timeout_ms`` for some to arrive."""
         if self._closed:
             raise RuntimeError("consumer is closed")
-        limit = max_records or self.config.max_poll_records
-        deadline = self._clock.monotonic_ms() + max(0, timeout_ms)
+        _check_int("timeout_ms", timeout_ms, 0)
+        limit = self.config.max_poll_records if max_records is None else _check_int("max_records", max_records, 1)
+        deadline = self._clock.monotonic_ms() + timeout_ms
         while not self._buffer:
             needs = self._positions.needs_reset()
             if needs:
-                await self._reset(needs, self.config.auto_offset_reset)
+                self._spawn_reset(needs)
             self._start_fetches(deadline)
             remaining_ms = deadline - self._clock.monotonic_ms()
             if remaining_ms <= 0:
@@ -241,6 +305,7 @@ class Consumer:
                 continue
             leader = md.leader_address(tp)
             if leader is None:
+                self._report_unknown(tp)
                 need_refresh = True
                 continue
             offset = self._positions.get(tp).offset
@@ -255,6 +320,66 @@ class Consumer:
             offsets = dict(items)
             self._fetching.update(offsets)
             self._in_flight[address] = asyncio.create_task(self._fetch(address, offsets, max_wait_ms))
+
+    def _report_unknown(self, tp: TopicPartition) -> None:
+        """Log once when metadata says ``tp`` does not exist: it yields nothing (as in Kafka, where an
+        assigned partition that does not exist is retried with a warning) and does not hold up the others."""
+        md = self.metadata.current
+        if tp in self._reported_unknown or tp.topic not in md.topic_errors or tp in md.partitions:
+            return
+        self._reported_unknown.add(tp)
+        log.warning("consumer_unknown_topic_or_partition", topic=tp.topic, partition=tp.partition,
+                    error=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION.name)
+
+    def _spawn_reset(self, tps: Sequence[TopicPartition]) -> None:
+        """Find positions for ``tps`` by ``auto.offset.reset`` in a task like a fetch's, so poll keeps
+        to its timeout and partitions with no leader (or that do not exist) do not hold up the others."""
+        policy = self.config.auto_offset_reset
+        if policy is OffsetReset.NONE:
+            raise error_for(ErrorCode.OFFSET_OUT_OF_RANGE, "no position and auto.offset.reset=none")
+        if "__reset__" in self._in_flight:
+            return
+        now = self._clock.monotonic_ms()
+        md = self.metadata.current
+        ready = [tp for tp in tps if self._backoff_until.get(tp, 0) <= now]
+        known = [tp for tp in ready if md.leader_address(tp) is not None]
+        if len(known) < len(ready):
+            for tp in ready:
+                if tp not in known:
+                    self._report_unknown(tp)
+            self._spawn_refresh()
+        if not known:
+            return
+        ts = EARLIEST_TIMESTAMP if policy is OffsetReset.EARLIEST else LATEST_TIMESTAMP
+
+        async def reset() -> _FetchResult:
+            by_leader: dict[str, list[TopicPartition]] = {}
+            for tp in known:
+                leader = md.leader_address(tp)
+                assert leader is not None
+                by_leader.setdefault(leader[1], []).append(tp)
+            found: dict[TopicPartition, int] = {}
+            try:
+                for part, _err in await asyncio.gather(*(self._list_offsets_at(a, ps, ts)
+                                                         for a, ps in by_leader.items())):
+                    found.update(part)
+            except MinibrokerError as exc:
+                return _FetchResult("__reset__", {}, None, str(exc), exc)
+            missing = [tp for tp in known if tp not in found]
+            return _FetchResult("__reset__", found, None, f"no offset for {missing}" if missing else None)
+
+        self._reset_wanted = known
+        self._in_flight["__reset__"] = asyncio.create_task(reset())
+
+    def _apply_reset(self, result: _FetchResult) -> None:
+        for tp, offset in result.offsets.items():
+            if tp in self._positions.needs_reset():
+                self._positions.seek(tp, offset)
+                self._drop_buffered(tp)
+        missing = [tp for tp in self._reset_wanted if tp not in result.offsets]
+        if missing:
+            self._backoff(missing)
+            self._spawn_refresh()
 
     def _spawn_refresh(self) -> None:
         if "__metadata__" in self._in_flight:
@@ -292,6 +417,11 @@ class Consumer:
 
     def _handle(self, result: _FetchResult) -> None:
         self._in_flight.pop(result.address, None)
+        if result.address == "__reset__":
+            if result.fatal is not None:
+                raise result.fatal
+            self._apply_reset(result)
+            return
         self._fetching.difference_update(result.offsets)
         if result.fatal is not None:
             raise result.fatal
@@ -372,9 +502,13 @@ class Consumer:
     async def list_offsets(self, tps: Sequence[TopicPartition], timestamp: int, *,
                            timeout_ms: int | None = None) -> dict[TopicPartition, int]:
         """ListOffsets on each leader, retrying leader changes until ``timeout_ms``."""
+        wanted = _partition_list(tps, "list_offsets")
+        # -2 EARLIEST and -1 LATEST are the only negative timestamps; 2**63 - 1 the most a request carries
+        _check_int("timestamp", timestamp, EARLIEST_TIMESTAMP, _INT64_MAX)
+        if timeout_ms is not None:
+            _check_int("timeout_ms", timeout_ms, 0)
         budget_ms = timeout_ms if timeout_ms is not None else self.config.request_timeout_ms
         deadline = self._clock.monotonic_ms() + budget_ms
-        wanted = [TopicPartition(*tp) for tp in tps]
         self.metadata.add_topics({tp.topic for tp in wanted})
         found: dict[TopicPartition, int] = {}
         last_error = "no leader"
@@ -396,6 +530,12 @@ class Consumer:
             if all(tp in found for tp in wanted):
                 return found
             if self._clock.monotonic_ms() >= deadline:
+                unknown = [tp for tp in wanted if tp not in found and tp not in md.partitions
+                           and tp.topic in md.topic_errors]
+                if unknown:
+                    raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                    f"UNKNOWN_TOPIC_OR_PARTITION: list_offsets: {', '.join(map(str, unknown))} "
+                                    "does not exist")
                 raise error_for(ErrorCode.LEADER_NOT_AVAILABLE, f"list_offsets: {last_error}")
             with contextlib.suppress(NoBrokersAvailableError):
                 await self.metadata.refresh()
@@ -410,6 +550,8 @@ class Consumer:
                 "topics": [{"topic": t, "partitions": ps} for t, ps in topics.items()]}
         try:
             resp = await self._rpc.call(address, "list_offsets", body)
+        except RpcBadRequest as exc:  # the request itself is wrong: retrying cannot help
+            raise error_for(ErrorCode.INVALID_REQUEST, str(exc)) from None
         except RpcError as exc:
             return {}, str(exc)
         out: dict[TopicPartition, int] = {}

@@ -26,6 +26,14 @@ class OffsetReset(enum.Enum):
     NONE = "none"
 
 
+class NotAssignedError(KeyError, ValueError):
+    """An operation on a partition the consumer is not assigned (Kafka's IllegalStateException "No current
+    assignment for partition"). A KeyError for callers that caught the old error, a ValueError as bad input."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "No current assignment for partition"
+
+
 class ConsumerRecord(NamedTuple):
     """One record as ``poll`` returns it. A NamedTuple, not a frozen dataclass: one is built per record
     on the consume path, and a frozen dataclass's ``__init__`` costs several times more."""
@@ -60,11 +68,13 @@ class Positions:
     def get(self, tp: TopicPartition) -> PartitionPosition:
         state = self._state.get(tp)
         if state is None:
-            raise KeyError(f"{tp} is not assigned")
+            raise NotAssignedError(f"No current assignment for partition {tp} (assign it first)")
         return state
 
     def seek(self, tp: TopicPartition, offset: int | None) -> None:
         self.get(tp)
+        if offset is not None and (not isinstance(offset, int) or isinstance(offset, bool)):
+            raise TypeError(f"offset must be an int, got {type(offset).__name__} {offset!r}")
         # negative: Kafka's seek refuses it too; beyond 2**63 - 1 no fetch request could carry it
         if offset is not None and not 0 <= offset <= 2**63 - 1:
             raise ValueError(f"offset must be >= 0 and < 2**63, got {offset}")

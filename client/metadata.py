@@ -25,12 +25,25 @@ from common.wire import TopicPartition
 log = get_logger(__name__)
 
 
-def parse_bootstrap(text: str) -> list[str]:
-    """``"h1:p1,h2:p2"`` -> ``["h1:p1", "h2:p2"]``; ``ValueError`` with a readable message."""
+def parse_bootstrap(text: str | Sequence[str]) -> list[str]:
+    """``"h1:p1,h2:p2"`` (or ``["h1:p1", "h2:p2"]``) -> ``["h1:p1", "h2:p2"]``; ``ValueError`` with a
+    readable message for a bad address, ``TypeError`` for anything but a str or a sequence of str
+    (``bytes`` too: ``list(b"...")`` would be ints)."""
     from common.hostport import split_host_port  # here, not at the top: this function is all that uses it
 
+    items: list[str]
+    if isinstance(text, str):
+        items = text.split(",")
+    elif isinstance(text, Sequence) and not isinstance(text, (bytes, bytearray, memoryview)):
+        items = []
+        for entry in text:
+            if not isinstance(entry, str):
+                raise TypeError(f"bootstrap addresses must be str, got {type(entry).__name__} {entry!r}")
+            items += entry.split(",")
+    else:
+        raise TypeError(f"bootstrap must be a str or a sequence of str, got {type(text).__name__}")
     out: list[str] = []
-    for item in text.split(","):
+    for item in items:
         item = item.strip()
         if not item:
             continue
@@ -39,6 +52,15 @@ def parse_bootstrap(text: str) -> list[str]:
     if not out:
         raise ValueError("no bootstrap address given")
     return out
+
+
+def check_topic(topic: object) -> None:
+    """``TypeError`` unless ``topic`` is a str, ``ValueError`` if it is empty: a topic name that is not
+    a str would break every later metadata request (``sorted`` of mixed types, a bad request body)."""
+    if not isinstance(topic, str):
+        raise TypeError(f"topic must be a str, got {type(topic).__name__} {topic!r}")
+    if not topic:
+        raise ValueError("topic must not be empty")
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +140,9 @@ class MetadataCache:
                  retry_backoff_ms: int = 100, request_timeout_ms: int = 5_000) -> None:
         if not bootstrap:
             raise ValueError("no bootstrap address given")
+        if isinstance(bootstrap, (str, bytes, bytearray, memoryview)) or not all(
+                isinstance(a, str) for a in bootstrap):
+            raise TypeError("bootstrap must be a sequence of str addresses (see parse_bootstrap)")
         self._rpc = rpc
         self._bootstrap = list(bootstrap)
         self._clock = clock or SystemClock()
@@ -130,7 +155,12 @@ class MetadataCache:
         self._next_address = 0
 
     def add_topics(self, topics: Iterable[str]) -> None:
-        self._topics.update(topics)
+        """Topics to ask for on each refresh; ``TypeError``/``ValueError`` (and none added) for a name that
+        is not a non-empty str."""
+        wanted = list(topics)
+        for topic in wanted:
+            check_topic(topic)
+        self._topics.update(wanted)
 
     def _candidates(self) -> list[str]:
         known = [a for _, a in sorted(self.current.brokers.items())]

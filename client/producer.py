@@ -35,7 +35,7 @@ from client.errors import (
     NoBrokersAvailableError,
     ProducerClosedError,
 )
-from client.metadata import MetadataCache, parse_bootstrap
+from client.metadata import MetadataCache, check_topic, parse_bootstrap
 from client.partitioner import StickyPartitioner
 from common.clock import Clock, SystemClock
 from common.errors import ErrorCode, MinibrokerError, error_for
@@ -50,6 +50,21 @@ _new_object = object.__new__
 _time_ns = time.time_ns
 
 ACKS = {"all": -1, "-1": -1, "1": 1, "0": 0}
+
+MAX_TIMESTAMP_MS = 2**63 - 1  # a record batch stores timestamps as signed 64-bit
+_MAX_INT = 2**31 - 1  # Kafka's INT settings
+_MAX_LONG = 2**63 - 1  # Kafka's LONG settings
+# the broker refuses a produce timeout_ms over 5 minutes (broker.requests.MAX_TIMEOUT_MS) and the producer
+# sends request.timeout.ms as that timeout: a larger one would fail every produce request
+_MAX_REQUEST_TIMEOUT_MS = 5 * 60 * 1000
+# setting -> (lowest, highest) allowed value
+_CONFIG_RANGES: dict[str, tuple[int, int]] = {
+    "batch_size": (1, _MAX_INT), "linger_ms": (0, _MAX_INT), "buffer_memory": (1, _MAX_LONG),
+    "max_request_size": (1, _MAX_INT), "max_in_flight_requests_per_connection": (1, _MAX_INT),
+    "retries": (0, _MAX_INT), "retry_backoff_ms": (0, _MAX_INT),
+    "request_timeout_ms": (1, _MAX_REQUEST_TIMEOUT_MS), "delivery_timeout_ms": (1, _MAX_INT),
+    "max_block_ms": (0, _MAX_LONG),
+}
 
 _REFRESH_ON = frozenset({ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                          ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.FENCED_LEADER_EPOCH,
@@ -81,15 +96,16 @@ class ProducerConfig:
     max_block_ms: int = 60_000
 
     def __post_init__(self) -> None:
-        if self.acks not in (-1, 0, 1):
-            raise ValueError(f"acks must be -1, 0 or 1, got {self.acks}")
-        for name in ("batch_size", "buffer_memory", "max_request_size", "max_in_flight_requests_per_connection",
-                     "request_timeout_ms", "delivery_timeout_ms"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name.replace('_', '.')} must be > 0, got {getattr(self, name)}")
-        for name in ("linger_ms", "retries", "retry_backoff_ms", "max_block_ms"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name.replace('_', '.')} must be >= 0, got {getattr(self, name)}")
+        if type(self.acks) is not int or self.acks not in (-1, 0, 1):  # not True, 1.0 or "1"
+            raise (TypeError if type(self.acks) is not int else ValueError)(
+                f"acks must be the int -1, 0 or 1, got {self.acks!r}")
+        for name, (lo, hi) in _CONFIG_RANGES.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name.replace('_', '.')} must be an int in [{lo}, {hi}], "
+                                f"got {type(value).__name__} {value!r}")
+            if not lo <= value <= hi:
+                raise ValueError(f"{name.replace('_', '.')} must be an int in [{lo}, {hi}], got {value}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,9 +169,11 @@ class Producer:
             config = ProducerConfig(**settings)
         elif settings:
             raise TypeError("pass either config or keyword settings, not both")
+        elif not isinstance(config, ProducerConfig):
+            raise TypeError(f"config must be a ProducerConfig, got {type(config).__name__}")
+        addresses = parse_bootstrap(bootstrap)  # TypeError/ValueError now, not on first use
         self.config = config
         self._clock = clock or SystemClock()
-        addresses = parse_bootstrap(bootstrap) if isinstance(bootstrap, str) else list(bootstrap)
         self._rpc = RpcClient(limit_per_host=config.max_in_flight_requests_per_connection,
                               timeout_s=config.request_timeout_ms / 1000 + 5)
         self.metadata = MetadataCache(self._rpc, addresses, clock=self._clock,
@@ -204,13 +222,24 @@ class Producer:
                 key is not None and type(key) is not bytes and not isinstance(key, bytes)):
             raise TypeError(f"key and value must be bytes or None, got {type(key).__name__} and "
                             f"{type(value).__name__}")
+        # a bad partition or timestamp would otherwise fail the whole batch later, in the sender
+        if partition is not None and type(partition) is not int:
+            _check_partition(partition)
+        if timestamp_ms is not None and (type(timestamp_ms) is not int or not 0 <= timestamp_ms <= MAX_TIMESTAMP_MS):
+            _check_timestamp(timestamp_ms)
         size = RECORD_OVERHEAD_BYTES + (len(key) if key else 0) + (len(value) if value else 0)
         if size > self._max_request_size:
             raise error_for(ErrorCode.MESSAGE_TOO_LARGE,
                             f"a {size}-byte record is larger than max.request.size={self._max_request_size}")
-        num_partitions = self.metadata.current.partition_counts.get(topic)
+        try:
+            num_partitions = self.metadata.current.partition_counts.get(topic)
+        except TypeError:  # unhashable
+            num_partitions = None
+        if num_partitions is None:
+            check_topic(topic)  # only names from metadata (always valid) are found above
+            return None
         acc = self._acc
-        if num_partitions is None or acc.buffered_bytes >= self._buffer_memory or self._sender is None:
+        if acc.buffered_bytes >= self._buffer_memory or self._sender is None:
             return None
         tps = self._tps.get(topic)
         if tps is None or len(tps) != num_partitions:
@@ -288,6 +317,7 @@ class Producer:
         return await (await self.send(topic, value, **kw))
 
     async def partitions_for(self, topic: str) -> list[int]:
+        check_topic(topic)
         await self._num_partitions(topic)
         return self.metadata.current.partitions_for(topic)
 
@@ -517,6 +547,21 @@ class Producer:
                 b.completion.exception()
                 self._acc.release([b])
         self._space.set()
+
+
+def _check_partition(partition: object) -> None:
+    """Raise for a partition that is not None or an int (the per-record fast path checks ``type`` only)."""
+    if not isinstance(partition, int) or isinstance(partition, bool):
+        raise TypeError(f"partition must be an int or None, got {type(partition).__name__} {partition!r}")
+
+
+def _check_timestamp(timestamp_ms: object) -> None:
+    """Raise for a timestamp that is not None or an int in [0, 2**63-1] (Kafka refuses a negative one)."""
+    if not isinstance(timestamp_ms, int) or isinstance(timestamp_ms, bool):
+        raise TypeError(f"timestamp_ms must be an int (ms since the epoch) or None, got "
+                        f"{type(timestamp_ms).__name__} {timestamp_ms!r}")
+    if not 0 <= timestamp_ms <= MAX_TIMESTAMP_MS:
+        raise ValueError(f"Invalid timestamp: {timestamp_ms}. Timestamp must be in [0, {MAX_TIMESTAMP_MS}] or None")
 
 
 def _mark_answered(drained: dict[TopicPartition, list[ProducerBatch]]) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
-from collections.abc import AsyncIterator
 
 import msgpack
 import pytest
@@ -20,17 +19,6 @@ from storage.record_batch import HEADER_SIZE, build_batch, compute_crc
 from tests.client.fake_broker import FakeCluster
 
 TOPIC = "events"
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeCluster]:
-    cluster = FakeCluster()
-    await cluster.start(2)
-    cluster.create_topic(TOPIC, 3)
-    try:
-        yield cluster
-    finally:
-        await cluster.close()
 
 
 def fast(**kw: int) -> ProducerConfig:
