@@ -47,7 +47,7 @@ import secrets
 import shutil
 import stat
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ from typing import Any
 from audit import schema
 from audit.history import HistoryFormatError, find_history_files, read_history
 from common.clock import Clock, SystemClock
+from common.fsutil import make_dirs, remove_empty_dirs
 from common.logging import get_logger
 from common.wire import TopicPartition
 from storage.checkpoint import CheckpointError, read_epochs, read_offsets, read_properties
@@ -438,32 +439,19 @@ def prepare_out(out: Path) -> bool:
     return True
 
 
-def _make_parents(out: Path, parent: Path) -> list[Path]:
-    """Create the missing directories up to ``parent``; returns those created, outermost first."""
-    missing: list[Path] = []
+def _make_parents(out: Path, parent: Path) -> Path | None:
+    """Create the missing directories up to ``parent``; the topmost one created (None if none was)."""
     p = parent
     while not p.exists():
         if p.is_symlink():
             raise ExportError(f"--out {out}: {p} is a dangling symbolic link")
-        missing.append(p)
         p = p.parent
     if not p.is_dir():
         raise ExportError(f"--out {out}: {p} is not a directory")
-    created: list[Path] = []
-    for d in reversed(missing):
-        try:
-            d.mkdir()
-        except OSError as exc:
-            _remove_dirs(created)
-            raise ExportError(f"--out {out}: cannot create {d}: {exc.strerror or exc}") from None
-        created.append(d)
-    return created
-
-
-def _remove_dirs(created: list[Path]) -> None:
-    for d in reversed(created):
-        with suppress(OSError):  # no longer empty: somebody else uses it now
-            d.rmdir()
+    try:
+        return make_dirs(parent)
+    except OSError as exc:
+        raise ExportError(f"--out {out}: cannot create {exc.filename or parent}: {exc.strerror or exc}") from None
 
 
 @contextmanager
@@ -480,7 +468,7 @@ def staged_out(out: Path) -> Iterator[Path]:
         tmp = target.parent / f".{target.name}.{secrets.token_hex(6)}.tmp"
         tmp.mkdir()
     except OSError as exc:
-        _remove_dirs(created)
+        remove_empty_dirs(target.parent, created)
         raise ExportError(f"--out {out}: cannot create a directory next to it: {exc.strerror or exc}") from None
     try:
         if existed:
@@ -499,7 +487,7 @@ def staged_out(out: Path) -> Iterator[Path]:
             os.rename(tmp, target)  # atomically replaces an empty directory too
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
-        _remove_dirs(created)
+        remove_empty_dirs(target.parent, created)
         raise
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from cli.main import CliError
+from common import fsutil
 from common.cli_args import non_negative_float, port, positive, positive_float
 from common.config import ConfigError, broker_config, controller_config, parse_assignments
 from common.http import RpcClient, RpcError
@@ -420,35 +421,16 @@ def check_executables(spec: ClusterSpec) -> None:
 
 
 def make_dirs(path: Path, flag: str) -> Path | None:
-    """``mkdir -p path``; the topmost directory it created (None if ``path`` existed), for the caller to
-    remove if what follows fails. ``CliError`` naming ``flag`` if it cannot; then nothing it made stays."""
-    top = None
-    for p in (path, *path.parents):
-        if p.is_dir():
-            break
-        top = p
+    """``common.fsutil.make_dirs`` with ``CliError`` naming ``flag`` when it cannot."""
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        return fsutil.make_dirs(path)
+    except FileExistsError:
+        raise CliError(f"{flag} {path} exists and is not a directory") from None
     except OSError as exc:
-        remove_empty_dirs(path, top)  # a partly made chain (a later mkdir refused)
-        if isinstance(exc, FileExistsError):
-            raise CliError(f"{flag} {path} exists and is not a directory") from None
         raise CliError(f"cannot create {flag} {path}: {exc.strerror or exc}") from None
-    return top
 
 
-def remove_empty_dirs(path: Path, created: Path | None) -> None:
-    """Remove ``path`` and its parents up to ``created`` (what ``make_dirs`` made) while they are empty:
-    anything written into them since, another run's data dir say, is never removed."""
-    if created is None:
-        return
-    for d in (path, *path.parents):
-        try:
-            d.rmdir()
-        except OSError:
-            return
-        if d == created:
-            return
+remove_empty_dirs = fsutil.remove_empty_dirs
 
 
 def preflight(spec: ClusterSpec) -> None:

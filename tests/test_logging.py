@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ import pytest
 import structlog
 
 from common.logging import configure, get_logger
-from tests.cli.helpers import minibroker
+from tests.procs import start_controller, stop
 
 
 @pytest.fixture
@@ -107,31 +106,18 @@ def test_level_filters_library_records_too(log_file: tuple[Path, TextIO], monkey
 
 def test_a_too_long_request_line_leaves_the_controller_log_json(tmp_path: Path) -> None:
     """A real controller (aiohttp, configured as in a cluster), sent a 20,000-byte request line."""
-    log = tmp_path / "controller.log"
-    data = tmp_path / "ctl"
-    with log.open("w") as err:
-        proc = subprocess.Popen([*minibroker(), "controller", "--listen", "127.0.0.1:0", "--data-dir", str(data)],
-                                stdout=subprocess.DEVNULL, stderr=err)
+    proc = start_controller(tmp_path / "ctl")
+    log = proc.stderr_path
     try:
-        deadline = time.monotonic() + 20
-        while not (data / "endpoint").exists():
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "the controller did not start"
-            time.sleep(0.05)
-        host, port = (data / "endpoint").read_text().rsplit(":", 1)
-        with socket.create_connection((host, int(port)), timeout=10) as s:
+        with socket.create_connection((proc.host, proc.port), timeout=10) as s:
             s.sendall(b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
             assert s.recv(64).startswith(b"HTTP/1.")
+        deadline = time.monotonic() + 20
         while "Error handling request" not in log.read_text():
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
     docs = json_lines(log)
     errors = [d for d in docs if d.get("logger") == "aiohttp.server"]
     assert len(errors) == 1 and errors[0]["level"] == "error" and errors[0]["role"] == "controller"
