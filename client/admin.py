@@ -17,18 +17,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from client.metadata import check_topic
 from common.errors import ErrorCode, error_for
 from common.http import RpcClient, RpcError
 
 _INT32_MAX = 2**31 - 1
-
-
-def _check_name(name: object) -> str:
-    if not isinstance(name, str):
-        raise TypeError(f"topic name must be a str, got {type(name).__name__} {name!r}")
-    if not name:
-        raise ValueError("topic name must not be empty")
-    return name
 
 
 def _check_names(topics: object) -> list[str] | None:
@@ -37,7 +30,7 @@ def _check_names(topics: object) -> list[str] | None:
         return None
     if isinstance(topics, (str, bytes)) or not isinstance(topics, Iterable):
         raise TypeError(f"topics must be a list of str or None, got {type(topics).__name__} {topics!r}")
-    return [_check_name(t) for t in topics]
+    return [check_topic(t, "topic name") for t in topics]
 
 
 def _check_count(what: str, value: object) -> None:
@@ -56,7 +49,7 @@ class NewTopic:
     configs: Mapping[str, str]
 
     def __post_init__(self) -> None:
-        _check_name(self.name)
+        check_topic(self.name, "topic name")
         for field_name in ("num_partitions", "replication_factor"):
             if getattr(self, field_name) is None:
                 object.__setattr__(self, field_name, -1)
@@ -114,7 +107,7 @@ class Admin:
             raise error_for(code, f"{code.name}: {message}" if message else code.name)
 
     async def delete_topic(self, name: str) -> None:
-        _check_name(name)
+        check_topic(name, "topic name")
         resp = await self._rpc.call(self.controller, "delete_topics", {"topics": [name]})
         for t in resp.get("topics") or []:
             code = ErrorCode.of(int(t.get("error", 0)))

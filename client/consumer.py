@@ -30,7 +30,7 @@ from typing import Any
 
 from client.errors import CorruptRecordError, NoBrokersAvailableError
 from client.fetch_state import ConsumerRecord, OffsetReset, Positions
-from client.metadata import MetadataCache, parse_bootstrap
+from client.metadata import MetadataCache, check_topic, parse_bootstrap
 from common.clock import Clock, SystemClock
 from common.errors import ErrorCode, MinibrokerError, error_for
 from common.http import RpcBadRequest, RpcClient, RpcError
@@ -73,11 +73,7 @@ def as_topic_partition(item: object) -> TopicPartition:
         topic, partition = item  # type: ignore[misc]
     except (TypeError, ValueError):
         raise TypeError(f"a partition must be a TopicPartition or (topic, partition), got {item!r}") from None
-    if not isinstance(topic, str):
-        raise TypeError(f"topic must be a str, got {type(topic).__name__} {topic!r}")
-    if not topic:
-        raise ValueError("topic must not be empty")
-    return TopicPartition(topic, _check_int("partition", partition, 0, _INT32_MAX))
+    return TopicPartition(check_topic(topic), _check_int("partition", partition, 0, _INT32_MAX))
 
 
 def _partition_list(tps: object, what: str) -> list[TopicPartition]:
@@ -165,12 +161,9 @@ class Consumer:
             raise TypeError(f"config must be a ConsumerConfig, got {type(config).__name__} {config!r}")
         elif settings:
             raise TypeError("pass either config or keyword settings, not both")
-        if not isinstance(bootstrap, str) and (
-                not isinstance(bootstrap, Sequence) or not all(isinstance(a, str) for a in bootstrap)):
-            raise TypeError(f"bootstrap must be a str or a list of str, got {bootstrap!r}")
+        addresses = parse_bootstrap(bootstrap)  # TypeError/ValueError now, not on first use (as the producer)
         self.config = config
         self._clock = clock or SystemClock()
-        addresses = parse_bootstrap(bootstrap) if isinstance(bootstrap, str) else list(bootstrap)
         self._rpc = RpcClient(limit_per_host=4, timeout_s=config.request_timeout_ms / 1000 + 5)
         self.metadata = MetadataCache(self._rpc, addresses, clock=self._clock,
                                       retry_backoff_ms=config.retry_backoff_ms)

@@ -54,13 +54,15 @@ def parse_bootstrap(text: str | Sequence[str]) -> list[str]:
     return out
 
 
-def check_topic(topic: object) -> None:
-    """``TypeError`` unless ``topic`` is a str, ``ValueError`` if it is empty: a topic name that is not
-    a str would break every later metadata request (``sorted`` of mixed types, a bad request body)."""
+def check_topic(topic: object, what: str = "topic") -> str:
+    """``topic`` if it is a non-empty str; else ``TypeError`` / ``ValueError`` naming ``what``: a topic
+    name that is not a str would break every later metadata request (``sorted`` of mixed types, a bad
+    request body)."""
     if not isinstance(topic, str):
-        raise TypeError(f"topic must be a str, got {type(topic).__name__} {topic!r}")
+        raise TypeError(f"{what} must be a str, got {type(topic).__name__} {topic!r}")
     if not topic:
-        raise ValueError("topic must not be empty")
+        raise ValueError(f"{what} must not be empty")
+    return topic
 
 
 @dataclass(frozen=True, slots=True)
