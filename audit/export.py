@@ -55,6 +55,7 @@ from typing import Any
 from audit import schema
 from audit.history import HistoryFormatError, find_history_files, read_history
 from common.clock import Clock, SystemClock
+from common.digits import parse_digits
 from common.fsutil import make_dirs, remove_empty_dirs
 from common.logging import get_logger
 from common.wire import TopicPartition
@@ -76,9 +77,9 @@ HW_CHECKPOINT = "replication-offset-checkpoint"
 RECOVERY_CHECKPOINT = "recovery-point-offset-checkpoint"
 LOG_START_CHECKPOINT = "log-start-offset-checkpoint"
 EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
-SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
-PARTITION_DIR_RE = re.compile(r"^(.+)-(\d+)$")
-BROKER_DIR_RE = re.compile(r"^broker-(\d+)$")
+SEGMENT_RE = re.compile(r"^(\d{20})\.log$", re.ASCII)
+PARTITION_DIR_RE = re.compile(r"^(.+)-(\d+)$", re.ASCII)
+BROKER_DIR_RE = re.compile(r"^broker-(\d+)$", re.ASCII)
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
@@ -140,15 +141,6 @@ def _int64(value: int) -> bool:
     return INT64_MIN <= value <= INT64_MAX
 
 
-def _digits(text: str, *, maximum: int) -> int | None:
-    """A name's decimal digits as an int, or None if above ``maximum`` (checked before ``int()``,
-    which refuses more than 4300 digits)."""
-    if len(text.lstrip("0")) > len(str(maximum)):
-        return None
-    value = int(text)
-    return value if value <= maximum else None
-
-
 # ---------------------------------------------------------------- discovery
 
 def _meta_broker_id(meta: Path) -> tuple[int | None, str]:
@@ -183,7 +175,7 @@ def _broker_id(path: Path) -> tuple[int | None, str]:
         if broker_id is not None:
             return broker_id, ""
     m = BROKER_DIR_RE.match(path.name)
-    return (_digits(m.group(1), maximum=INT32_MAX) if m else None), problem
+    return (parse_digits(m.group(1), INT32_MAX) if m else None), problem
 
 
 def discover_broker_dirs(paths: list[Path]) -> list[BrokerDir]:
@@ -217,7 +209,7 @@ def partition_dirs(broker_dir: Path) -> list[tuple[TopicPartition, Path]]:
     out = []
     for p in sorted(broker_dir.iterdir()):
         m = PARTITION_DIR_RE.match(p.name)
-        partition = _digits(m.group(2), maximum=INT32_MAX) if m else None
+        partition = parse_digits(m.group(2), INT32_MAX) if m else None
         if p.is_dir() and m and partition is not None:
             out.append((TopicPartition(m.group(1), partition), p))
     return out
@@ -231,7 +223,7 @@ def segment_files(pdir: Path) -> tuple[list[tuple[int, Path]], list[Path]]:
         if p.suffix != ".log" or not p.is_file():
             continue
         m = SEGMENT_RE.match(p.name)
-        base = _digits(m.group(1), maximum=INT64_MAX) if m else None
+        base = parse_digits(m.group(1), INT64_MAX) if m else None
         if base is not None:
             good.append((base, p))
         else:

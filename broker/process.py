@@ -28,6 +28,7 @@ from broker.replica_manager import ReplicaManager
 from broker.server import build_server
 from common.clock import Clock, SystemClock
 from common.config import Config
+from common.digits import parse_digits
 from common.hostport import split_host_port
 from common.logging import get_logger
 from common.wire import MAX_INT32
@@ -92,9 +93,10 @@ def check_meta(data_dir: Path, node_id: int) -> str:
                 raise DataDirError(f"cannot read {path}: {exc}") from None
             raise _unusable_meta(path, data_dir, f"it holds {_shown(text.strip())}" if text.strip()
                                  else "the file is empty")
-        if not (owner.isascii() and owner.isdigit() and len(owner) <= 10 and int(owner) <= MAX_INT32):
+        owner_id = parse_digits(owner, MAX_INT32)
+        if owner_id is None:
             raise _unusable_meta(path, data_dir, f"node.id={_shown(owner)} is not an integer in [0, {MAX_INT32}]")
-        if int(owner) != node_id:
+        if owner_id != node_id:
             raise DataDirError(f"data dir {data_dir} belongs to node.id={owner}, not {node_id}")
         cluster_id = props.get("cluster.id", cluster_id)
     _write_atomic(path, f"version=1\nnode.id={node_id}\ncluster.id={cluster_id}\n")

@@ -9,6 +9,8 @@ traceback) and ``'٣'`` (which ``int`` reads as 3).
 
 from __future__ import annotations
 
+from common.digits import parse_digits
+
 MAX_PORT = 65535
 
 
@@ -22,9 +24,7 @@ def split_host_port(text: str, *, allow_port_zero: bool) -> tuple[str, int]:
     if not sep or not host or not port or not (port.isascii() and port.isdigit()):
         raise ValueError(f"expected HOST:PORT, got {text!r}")
     low = 0 if allow_port_zero else 1
-    # more than 5 significant digits is out of range anyway; int() of over 4300 digits (zeros too) raises
-    significant = port.lstrip("0") or "0"
-    value = int(significant) if len(significant) <= 5 else MAX_PORT + 1
-    if not low <= value <= MAX_PORT:
+    value = parse_digits(port, MAX_PORT)
+    if value is None or value < low:
         raise ValueError(f"port must be {low}-{MAX_PORT}, got {text!r}")
     return host, value
