@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from client.metadata import check_topic
+from client.metadata import check_int, check_topic
 from common.errors import ErrorCode, error_for
 from common.http import RpcClient, RpcError
 
@@ -35,10 +35,9 @@ def _check_names(topics: object) -> list[str] | None:
 
 def _check_count(what: str, value: object) -> None:
     """An int32 count; -1 (None is turned into -1 by NewTopic) asks for the controller's default."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{what} must be an int, got {type(value).__name__} {value!r}")
-    if not -1 <= value <= _INT32_MAX:
-        raise ValueError(f"{what} must be -1 (the default) or 0..{_INT32_MAX}, got {value}")
+    count = check_int(what, value)  # the type; the range has its own message, naming the default
+    if not -1 <= count <= _INT32_MAX:
+        raise ValueError(f"{what} must be -1 (the default) or 0..{_INT32_MAX}, got {count}")
 
 
 @dataclass(frozen=True, slots=True)

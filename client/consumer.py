@@ -30,7 +30,7 @@ from typing import Any
 
 from client.errors import CorruptRecordError, NoBrokersAvailableError
 from client.fetch_state import ConsumerRecord, OffsetReset, Positions
-from client.metadata import MetadataCache, check_topic, parse_bootstrap
+from client.metadata import MetadataCache, check_int, check_topic, parse_bootstrap
 from common.clock import Clock, SystemClock
 from common.errors import ErrorCode, MinibrokerError, error_for
 from common.http import RpcBadRequest, RpcClient, RpcError
@@ -53,17 +53,6 @@ _INT32_MAX = 2**31 - 1
 _INT64_MAX = 2**63 - 1
 
 
-def _check_int(name: str, value: object, minimum: int | None = None, maximum: int | None = None) -> int:
-    """``value`` if it is an int (not a bool) within bounds; else TypeError / ValueError naming ``name``."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        low = "" if minimum is None else f" >= {minimum}"
-        high = "" if maximum is None else f" <= {maximum}"
-        raise ValueError(f"{name} must be{low}{' and' if low and high else ''}{high}, got {value}")
-    return value
-
-
 def as_topic_partition(item: object) -> TopicPartition:
     """A ``TopicPartition`` from a TopicPartition or ``(topic, partition)``; TypeError / ValueError for a
     non-str or empty topic, a non-int (bool, float) or negative partition."""
@@ -73,7 +62,7 @@ def as_topic_partition(item: object) -> TopicPartition:
         topic, partition = item  # type: ignore[misc]
     except (TypeError, ValueError):
         raise TypeError(f"a partition must be a TopicPartition or (topic, partition), got {item!r}") from None
-    return TopicPartition(check_topic(topic), _check_int("partition", partition, 0, _INT32_MAX))
+    return TopicPartition(check_topic(topic), check_int("partition", partition, 0, _INT32_MAX))
 
 
 def _partition_list(tps: object, what: str) -> list[TopicPartition]:
@@ -106,7 +95,7 @@ class ConsumerConfig:
                             f"{', '.join(r.value for r in OffsetReset)}, got {type(reset).__name__} {reset!r}")
         for name in ("fetch_min_bytes", "fetch_max_wait_ms", "fetch_max_bytes", "max_partition_fetch_bytes",
                      "max_poll_records", "request_timeout_ms", "retry_backoff_ms"):
-            _check_int(name.replace("_", "."), getattr(self, name))
+            check_int(name.replace("_", "."), getattr(self, name))
         for name in ("fetch_min_bytes", "fetch_max_bytes", "max_partition_fetch_bytes", "max_poll_records",
                      "request_timeout_ms"):
             if getattr(self, name) <= 0:
@@ -215,7 +204,7 @@ class Consumer:
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         tp = as_topic_partition(tp)
-        _check_int("offset", offset)
+        check_int("offset", offset)
         self._positions.seek(tp, offset)
         self._drop_buffered(tp)
 
@@ -263,8 +252,8 @@ class Consumer:
         """Up to ``max_records`` records, waiting up to ``timeout_ms`` for some to arrive."""
         if self._closed:
             raise RuntimeError("consumer is closed")
-        _check_int("timeout_ms", timeout_ms, 0)
-        limit = self.config.max_poll_records if max_records is None else _check_int("max_records", max_records, 1)
+        check_int("timeout_ms", timeout_ms, 0)
+        limit = self.config.max_poll_records if max_records is None else check_int("max_records", max_records, 1)
         deadline = self._clock.monotonic_ms() + timeout_ms
         while not self._buffer:
             needs = self._positions.needs_reset()
@@ -497,9 +486,9 @@ class Consumer:
         """ListOffsets on each leader, retrying leader changes until ``timeout_ms``."""
         wanted = _partition_list(tps, "list_offsets")
         # -2 EARLIEST and -1 LATEST are the only negative timestamps; 2**63 - 1 the most a request carries
-        _check_int("timestamp", timestamp, EARLIEST_TIMESTAMP, _INT64_MAX)
+        check_int("timestamp", timestamp, EARLIEST_TIMESTAMP, _INT64_MAX)
         if timeout_ms is not None:
-            _check_int("timeout_ms", timeout_ms, 0)
+            check_int("timeout_ms", timeout_ms, 0)
         budget_ms = timeout_ms if timeout_ms is not None else self.config.request_timeout_ms
         deadline = self._clock.monotonic_ms() + budget_ms
         self.metadata.add_topics({tp.topic for tp in wanted})

@@ -65,6 +65,17 @@ def check_topic(topic: object, what: str = "topic") -> str:
     return topic
 
 
+def check_int(name: str, value: object, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` if it is an int (not a bool) within bounds; else TypeError / ValueError naming ``name``."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        low = "" if minimum is None else f" >= {minimum}"
+        high = "" if maximum is None else f" <= {maximum}"
+        raise ValueError(f"{name} must be{low}{' and' if low and high else ''}{high}, got {value}")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class PartitionInfo:
     topic: str
