@@ -30,10 +30,11 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     a = sub.add_parser("audit", help="Spark consistency audit of an export",
                        description="Check an export for lost writes, inconsistent offsets, replica divergence, "
                                    "duplicates, log structure and read anomalies. Exit 1 on any violation.")
-    a.add_argument("export_dir", type=Path, metavar="EXPORT_DIR")
+    a.add_argument("export_dir", type=Path, metavar="EXPORT_DIR", help="directory written by `minibroker export`")
     a.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
     a.add_argument("--report", type=Path, metavar="FILE", help="also write the JSON report here")
-    a.add_argument("--evidence-rows", type=int, default=5, metavar="N", help="rows of evidence per violation")
+    a.add_argument("--evidence-rows", type=int, default=5, metavar="N",
+                   help="rows of evidence per violation (default 5)")
     a.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark config")
     a.set_defaults(func=run_audit_command)
 

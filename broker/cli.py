@@ -20,7 +20,9 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
                    help=f"0 to {MAX_NODE_ID}")
     p.add_argument("--listen", required=True, metavar="HOST:PORT", help="port 0 binds a free port")
     p.add_argument("--controller", required=True, metavar="HOST:PORT", help="the controller (port 1-65535)")
-    p.add_argument("--data-dir", required=True, type=Path)
+    p.add_argument("--data-dir", required=True, type=Path,
+                   help="log.dirs: the broker's data directory (created if missing; refused if it belongs to "
+                        "another node.id)")
     p.add_argument("--advertise", metavar="HOST:PORT",
                    help="address given to the controller (default: listen); port 0 advertises the bound port")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="broker config override")

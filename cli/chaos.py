@@ -662,25 +662,37 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser("chaos", help="fault injection with a recorded workload history")
+    p = sub.add_parser("chaos", help="fault injection with a recorded workload history",
+                       description="Fault injection on a local cluster, with the workload's history recorded for "
+                                   "`minibroker export` and `minibroker audit`.")
     cs = p.add_subparsers(dest="chaos_command", metavar="ACTION")
     p.set_defaults(func=lambda _a: (p.print_help(sys.stderr), 2)[1])
-    r = cs.add_parser("run", help="run a workload under a seeded nemesis; write history + summary")
+    r = cs.add_parser("run", help="run a workload under a seeded nemesis; write history + summary",
+                      description="Run producers and a consumer on an RF=3 topic of a local cluster (started if "
+                                  "none runs in --data-dir) while a nemesis injects faults on a seeded schedule; "
+                                  "write history.jsonl and summary.json into --out.")
     r.add_argument("--duration", type=positive_float("--duration"), default=60.0,
                    help="seconds of workload (default 60)")
-    r.add_argument("--data-dir", default="./minibroker-chaos", help="cluster dir (started if not running)")
-    r.add_argument("--out", default="./minibroker-chaos-out", help="where history.jsonl and summary.json go")
-    r.add_argument("--seed", type=int, default=1)
+    r.add_argument("--data-dir", default="./minibroker-chaos",
+                   help="cluster dir, started if not running (default ./minibroker-chaos)")
+    r.add_argument("--out", default="./minibroker-chaos-out",
+                   help="where history.jsonl and summary.json go (default ./minibroker-chaos-out)")
+    r.add_argument("--seed", type=int, default=1, help="seed of the fault schedule (default 1)")
     r.add_argument("--faults", default=",".join(DEFAULT_FAULTS), help=f"comma list of {', '.join(FAULTS)}")
-    r.add_argument("--brokers", type=positive("--brokers"), default=3)
-    r.add_argument("--partitions", type=positive("--partitions"), default=3)
-    r.add_argument("--producers", type=positive("--producers"), default=2)
-    r.add_argument("--inflight", type=positive("--inflight"), default=64, help="unacknowledged sends per producer")
-    r.add_argument("--base-port", type=port("--base-port"), default=19190)
+    r.add_argument("--brokers", type=positive("--brokers"), default=3,
+                   help="brokers of a cluster this run starts, at least 3 (default 3)")
+    r.add_argument("--partitions", type=positive("--partitions"), default=3,
+                   help="partitions of the topic 'chaos' when this run creates it (default 3)")
+    r.add_argument("--producers", type=positive("--producers"), default=2,
+                   help="concurrent producers, acks=all (default 2)")
+    r.add_argument("--inflight", type=positive("--inflight"), default=64,
+                   help="unacknowledged sends per producer (default 64)")
+    r.add_argument("--base-port", type=port("--base-port"), default=19190,
+                   help="controller port of a cluster this run starts; broker i listens on base+i (default 19190)")
     r.add_argument("--session-timeout-ms", type=positive("--session-timeout-ms"), default=6_000,
-                   help="controller's broker.session.timeout.ms")
+                   help="controller's broker.session.timeout.ms (default 6000)")
     r.add_argument("--heal-timeout", type=positive_float("--heal-timeout"), default=90.0,
-                   help="seconds to wait for full ISRs at the end")
+                   help="seconds to wait for full ISRs at the end (default 90)")
     r.add_argument("--unclean", action="store_true", help="topic with unclean.leader.election.enable=true")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="broker setting for a cluster this run starts (repeatable)")

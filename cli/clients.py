@@ -305,7 +305,7 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     p = sub.add_parser("produce", help="produce one record per stdin line",
                        description="Produce one record per line of stdin. Exit status 0 only when every "
                                    "record was acknowledged.")
-    p.add_argument("topic", metavar="TOPIC")
+    p.add_argument("topic", metavar="TOPIC", help="topic to produce to")
     add_bootstrap(p)
     p.add_argument("--acks", default="all", choices=["all", "-1", "1", "0"], help="default all")
     p.add_argument("--partition", "-p", type=non_negative("--partition"), default=None,
@@ -314,20 +314,25 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
                    help="split each line at the first SEP into key and value")
     p.add_argument("--delivery-report", action="store_true",
                    help='one JSON line per record: {"value","partition","offset"} or {"value","error"}')
-    p.add_argument("--linger-ms", type=non_negative("--linger-ms"), default=5)
-    p.add_argument("--batch-size", type=positive("--batch-size"), default=16_384)
+    p.add_argument("--linger-ms", type=non_negative("--linger-ms"), default=5, help="linger.ms (default 5)")
+    p.add_argument("--batch-size", type=positive("--batch-size"), default=16_384,
+                   help="batch.size in bytes (default 16384)")
     p.add_argument("--max-in-flight", type=positive("--max-in-flight"), default=5,
                    help="max.in.flight.requests.per.connection (default 5)")
-    p.add_argument("--delivery-timeout-ms", type=positive("--delivery-timeout-ms"), default=120_000)
+    p.add_argument("--delivery-timeout-ms", type=positive("--delivery-timeout-ms"), default=120_000,
+                   help="delivery.timeout.ms: how long a record may wait for its acknowledgement, retries "
+                        "included (default 120000); each request's request.timeout.ms is the smaller of this "
+                        "and 30000")
     p.add_argument("--max-block-ms", type=non_negative("--max-block-ms"), default=10_000,
-                   help="how long to wait for the topic's metadata (default 10000)")
+                   help="max.block.ms: how long a send may wait for the topic's metadata or for room in the "
+                        "producer's buffer (default 10000)")
     p.add_argument("--progress-interval-ms", type=non_negative("--progress-interval-ms"), default=5_000,
                    help="progress line on stderr this often (0 = never; default 5000)")
     p.set_defaults(func=cmd_produce)
 
     c = sub.add_parser("consume", help="print records of a topic",
                        description="Print records; stops after --max-messages or --timeout-ms without new data.")
-    c.add_argument("topic", metavar="TOPIC")
+    c.add_argument("topic", metavar="TOPIC", help="topic to consume")
     add_bootstrap(c)
     c.add_argument("--partition", "-p", type=non_negative("--partition"), default=None,
                    help="only this partition (default: all)")
@@ -335,12 +340,15 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     start.add_argument("--from-beginning", action="store_true", help="start at the log start (default: the end)")
     start.add_argument("--offset", type=non_negative("--offset"), default=None,
                        help="start at this offset (in every consumed partition)")
-    c.add_argument("--max-messages", type=positive("--max-messages"), default=None)
+    c.add_argument("--max-messages", type=positive("--max-messages"), default=None,
+                   help="stop after this many records (default: no limit)")
     c.add_argument("--timeout-ms", type=positive("--timeout-ms"), default=None,
                    help="stop after this long without new data (default: never)")
     c.add_argument("--format", choices=["text", "json"], default="text",
                    help='text: the value; json: {"partition","offset","key","value","timestamp"} per line')
     c.add_argument("--print-key", action="store_true", help="text format: key<TAB>value")
-    c.add_argument("--fetch-max-wait-ms", type=non_negative("--fetch-max-wait-ms"), default=500)
-    c.add_argument("--metadata-timeout-ms", type=positive("--metadata-timeout-ms"), default=10_000)
+    c.add_argument("--fetch-max-wait-ms", type=non_negative("--fetch-max-wait-ms"), default=500,
+                   help="fetch.max.wait.ms (default 500)")
+    c.add_argument("--metadata-timeout-ms", type=positive("--metadata-timeout-ms"), default=10_000,
+                   help="how long to wait for the topic and its partition leaders (default 10000)")
     c.set_defaults(func=cmd_consume)

@@ -688,7 +688,10 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
         q.add_argument("--data-dir", default=None,
                        help="cluster directory (default: $MINIBROKER_DATA_DIR or ./minibroker-data)")
 
-    q = cs.add_parser("up", help="start a controller and N brokers")
+    q = cs.add_parser("up", help="start a controller and N brokers",
+                      description="Start a controller on --base-port and --brokers brokers on the ports after it, "
+                                  "wait until every broker is registered, then stream the logs until Ctrl-C "
+                                  "stops the cluster (with --detach: return and leave it running).")
     data_dir_arg(q)
     q.add_argument("--brokers", type=positive("--brokers"), default=3, help="number of brokers (default 3)")
     q.add_argument("--base-port", type=port("--base-port"), default=DEFAULT_BASE_PORT,
@@ -702,27 +705,37 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
                    help="command that runs minibroker for the members (default: this installation's)")
     q.set_defaults(func=cmd_up)
 
-    q = cs.add_parser("status", help="members, pids, and whether they answer")
+    q = cs.add_parser("status", help="members, pids, and whether they answer",
+                      description="Show each member of the local cluster: address, pid, and whether it is up, "
+                                  "paused, starting or down.")
     data_dir_arg(q)
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true",
+                   help="print the members as JSON, with the data dir, controller and bootstrap addresses")
     q.set_defaults(func=cmd_status)
 
-    q = cs.add_parser("down", help="stop every member (SIGTERM, then SIGKILL after --timeout)")
+    q = cs.add_parser("down", help="stop every member (SIGTERM, then SIGKILL after --timeout)",
+                      description="Stop every member of the local cluster, brokers first, then the controller "
+                                  "(SIGTERM, then SIGKILL after --timeout).")
     data_dir_arg(q)
     q.add_argument("--timeout", type=non_negative_float("--timeout"), default=40.0,
                    help="seconds before SIGKILL (default 40, above controlled.shutdown.max.wait.ms)")
     q.set_defaults(func=cmd_down)
 
-    q = cs.add_parser("kill", help="send a signal to one member")
+    q = cs.add_parser("kill", help="send a signal to one member",
+                      description="Send a signal to one member of the local cluster, for chaos testing.")
     data_dir_arg(q)
     q.add_argument("id", metavar="ID", help="broker id or 'controller'")
-    q.add_argument("--signal", default="KILL", type=str.upper, choices=sorted(SIGNALS))
+    q.add_argument("--signal", default="KILL", type=str.upper, choices=sorted(SIGNALS),
+                   help="signal name, case-insensitive (default KILL)")
     q.set_defaults(func=cmd_kill)
 
-    q = cs.add_parser("start", help="start one member again (same ports and data dir)")
+    q = cs.add_parser("start", help="start one member again (same ports and data dir)",
+                      description="Start one member of the local cluster again, with the same ports and data dir, "
+                                  "and wait until it is registered (the controller: until it answers) unless "
+                                  "--no-wait.")
     data_dir_arg(q)
     q.add_argument("id", metavar="ID", help="broker id or 'controller'")
     q.add_argument("--no-wait", dest="wait", action="store_false", help="do not wait for broker registration")
     q.add_argument("--timeout", type=positive_float("--timeout"), default=60.0,
-                   help="seconds to wait for the broker to register (default 60)")
+                   help="seconds to wait for the broker to register, or for the controller to answer (default 60)")
     q.set_defaults(func=cmd_start)

@@ -343,49 +343,68 @@ async def e2e_main(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _producer_args(q: argparse.ArgumentParser) -> None:
-    q.add_argument("--acks", default="all", choices=["all", "-1", "1", "0"])
+    q.add_argument("--acks", default="all", choices=["all", "-1", "1", "0"], help="acks (default all)")
     q.add_argument("--batch-size", type=positive("--batch-size"), default=65_536,
                    help="batch.size in bytes (default 65536, near the 64000 of Kafka's classic perf-test command "
                         "line; the producer library's own default is 16384, as Kafka's)")
     q.add_argument("--linger-ms", type=non_negative("--linger-ms"), default=5,
                    help="linger.ms (default 5; perf e2e uses 0)")
-    q.add_argument("--max-in-flight", type=positive("--max-in-flight"), default=5)
-    q.add_argument("--buffer-memory", type=positive("--buffer-memory"), default=32 * 1024 * 1024)
-    q.add_argument("--max-request-size", type=positive("--max-request-size"), default=1024 * 1024)
+    q.add_argument("--max-in-flight", type=positive("--max-in-flight"), default=5,
+                   help="max.in.flight.requests.per.connection (default 5)")
+    q.add_argument("--buffer-memory", type=positive("--buffer-memory"), default=32 * 1024 * 1024,
+                   help="buffer.memory in bytes (default 33554432, 32 MiB)")
+    q.add_argument("--max-request-size", type=positive("--max-request-size"), default=1024 * 1024,
+                   help="max.request.size in bytes (default 1048576, 1 MiB); bounds --record-size")
 
 
 def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAction[Any]) -> None:
-    q = perf.add_parser("produce", help="producer throughput and latency (kafka-producer-perf-test)")
-    q.add_argument("--topic", required=True)
-    q.add_argument("--num-records", type=positive("--num-records"), required=True)
-    q.add_argument("--record-size", type=positive("--record-size"), required=True)
+    q = perf.add_parser("produce", help="producer throughput and latency (kafka-producer-perf-test)",
+                        description="Send --num-records records of --record-size bytes and print producer "
+                                    "throughput and send-to-acknowledgement latency, as "
+                                    "kafka-producer-perf-test does.")
+    q.add_argument("--topic", required=True, help="topic to produce to")
+    q.add_argument("--num-records", type=positive("--num-records"), required=True, help="records to send")
+    q.add_argument("--record-size", type=positive("--record-size"), required=True,
+                   help="bytes of each record's value")
     q.add_argument("--throughput", type=number("--throughput"), default=-1,
                    help="records/sec; -1 = unthrottled (default)")
-    q.add_argument("--reporting-interval", type=positive("--reporting-interval"), default=5_000, metavar="MS")
+    q.add_argument("--reporting-interval", type=positive("--reporting-interval"), default=5_000, metavar="MS",
+                   help="milliseconds between progress lines (default 5000)")
     _producer_args(q)
     add_bootstrap(q)
     q.set_defaults(func=_run_produce)
 
-    q = perf.add_parser("consume", help="consumer throughput (kafka-consumer-perf-test)")
-    q.add_argument("--topic", required=True)
-    q.add_argument("--num-records", type=positive("--num-records"), required=True)
+    q = perf.add_parser("consume", help="consumer throughput (kafka-consumer-perf-test)",
+                        description="Read a topic (every partition, from the beginning) until --num-records "
+                                    "records arrived or none came for --timeout-ms, and print consumer throughput, "
+                                    "as kafka-consumer-perf-test does.")
+    q.add_argument("--topic", required=True, help="topic to consume (every partition, from the beginning)")
+    q.add_argument("--num-records", type=positive("--num-records"), required=True,
+                   help="records to read; exit status 1 if fewer arrive")
     q.add_argument("--fetch-size", type=positive("--fetch-size"), default=1024 * 1024,
-                   help="max.partition.fetch.bytes")
+                   help="max.partition.fetch.bytes (default 1048576)")
     q.add_argument("--timeout-ms", type=positive("--timeout-ms"), default=10_000,
-                   help="stop after this long without data")
-    q.add_argument("--reporting-interval", type=positive("--reporting-interval"), default=5_000, metavar="MS")
+                   help="stop after this long without data (default 10000)")
+    q.add_argument("--reporting-interval", type=positive("--reporting-interval"), default=5_000, metavar="MS",
+                   help="milliseconds between progress lines (default 5000)")
     add_bootstrap(q)
     q.set_defaults(func=lambda a: run_client(consume_main(a, sys.stdout)))
 
-    q = perf.add_parser("e2e", help="end-to-end latency at a fixed rate")
-    q.add_argument("--topic", required=True)
-    q.add_argument("--num-records", type=positive("--num-records"), default=10_000)
-    q.add_argument("--record-size", type=positive("--record-size"), default=100)
+    q = perf.add_parser("e2e", help="end-to-end latency at a fixed rate",
+                        description="Produce at a fixed --throughput while a consumer reads the topic, and print "
+                                    "send-to-consume latency percentiles (the send time travels in the value).")
+    q.add_argument("--topic", required=True, help="topic to produce to and consume from")
+    q.add_argument("--num-records", type=positive("--num-records"), default=10_000,
+                   help="records to send (default 10000)")
+    q.add_argument("--record-size", type=positive("--record-size"), default=100,
+                   help="bytes of each record's value, at least 16 (default 100)")
     q.add_argument("--throughput", type=number("--throughput"), default=1_000, help="records/sec (default 1000)")
-    q.add_argument("--fetch-max-wait-ms", type=non_negative("--fetch-max-wait-ms"), default=500)
+    q.add_argument("--fetch-max-wait-ms", type=non_negative("--fetch-max-wait-ms"), default=500,
+                   help="the consumer's fetch.max.wait.ms (default 500)")
     q.add_argument("--timeout-ms", type=positive("--timeout-ms"), default=30_000,
-                   help="how long to wait for the last records after sending")
-    q.add_argument("--reporting-interval", type=positive("--reporting-interval"), default=5_000, metavar="MS")
+                   help="how long to wait for the last records after sending (default 30000)")
+    q.add_argument("--reporting-interval", type=positive("--reporting-interval"), default=5_000, metavar="MS",
+                   help="milliseconds between progress lines (default 5000)")
     _producer_args(q)
     add_bootstrap(q)
     q.set_defaults(func=_run_e2e, linger_ms=0)

@@ -106,26 +106,33 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     ts = p.add_subparsers(dest="topics_command", metavar="ACTION")
     p.set_defaults(func=lambda _a: (p.print_help(sys.stderr), 2)[1])
 
-    q = ts.add_parser("create", help="create a topic")
-    q.add_argument("name", metavar="NAME")
-    q.add_argument("--partitions", type=positive("--partitions"), required=True)
-    q.add_argument("--replication-factor", type=positive("--replication-factor"), required=True)
+    q = ts.add_parser("create", help="create a topic",
+                      description="Create a topic of --partitions partitions with --replication-factor replicas "
+                                  "each.")
+    q.add_argument("name", metavar="NAME", help="topic name")
+    q.add_argument("--partitions", type=positive("--partitions"), required=True, help="number of partitions")
+    q.add_argument("--replication-factor", type=positive("--replication-factor"), required=True,
+                   help="replicas of each partition")
     q.add_argument("--config", action="append", metavar="KEY=VALUE",
                    help="topic config, e.g. min.insync.replicas=2 (repeatable)")
     add_controller(q)
     q.set_defaults(func=lambda a: run_client(create_main(a)))
 
-    q = ts.add_parser("delete", help="delete a topic (its partitions are removed from every broker)")
-    q.add_argument("name", metavar="NAME")
+    q = ts.add_parser("delete", help="delete a topic (its partitions are removed from every broker)",
+                      description="Delete a topic; its partitions are removed from every broker.")
+    q.add_argument("name", metavar="NAME", help="topic name")
     add_controller(q)
     q.set_defaults(func=lambda a: run_client(delete_main(a)))
 
-    q = ts.add_parser("list", help="topic names")
+    q = ts.add_parser("list", help="topic names", description="Print every topic name, one per line, sorted.")
     add_controller(q)
     q.set_defaults(func=lambda a: run_client(list_main(a)))
 
-    q = ts.add_parser("describe", help="partitions, leaders, ISR and per-replica HW/LEO")
-    q.add_argument("name", metavar="NAME", nargs="?")
-    q.add_argument("--json", action="store_true")
+    q = ts.add_parser("describe", help="partitions, leaders, ISR and per-replica HW/LEO",
+                      description="Show the partitions, leaders, ISR and per-replica HW/LEO of one topic or of "
+                                  "every topic.")
+    q.add_argument("name", metavar="NAME", nargs="?", help="topic name (default: every topic)")
+    q.add_argument("--json", action="store_true",
+                   help="print JSON: the controller's view merged with each replica's /v1/status")
     add_controller(q)
     q.set_defaults(func=lambda a: run_client(describe_main(a)))

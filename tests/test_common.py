@@ -87,16 +87,10 @@ def test_encode_is_msgpack_with_bin_and_survives_errors_big_values_and_threads()
             assert list(pool.map(lambda v: decode(encode(v)), values)) == values
 
 
-def test_cli_help_for_every_subcommand() -> None:
-    from cli.main import build_parser
-
-    parser = build_parser()
+def test_cli_help_runs_as_a_program() -> None:
+    # every subcommand's page is checked in-process by tests/cli/test_help.py; this is the real entry point
     out = subprocess.run([sys.executable, "-m", "cli.main", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "minibroker" in out.stdout
-    sub_actions = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
-    for name in sub_actions[0].choices:  # type: ignore[union-attr]
-        res = subprocess.run([sys.executable, "-m", "cli.main", name, "--help"], capture_output=True, text=True)
-        assert res.returncode == 0, (name, res.stderr)
 
 
 _FREE_AND_REUSE = """
