@@ -125,6 +125,9 @@ def build_server(rm: ReplicaManager, **kwargs: Any) -> web.Server:
         ("POST", f"/v1/{api}"): _endpoint(rm, api, handler) for api, handler in HANDLERS.items()}
     routes[("GET", "/v1/status")] = _status(rm)
     routes[("GET", "/metrics")] = _metrics(rm)
+    for method, path in list(routes):  # HEAD wherever GET, as aiohttp's router (the controller's) allows it
+        if method == "GET":
+            routes[("HEAD", path)] = routes[(method, path)]
     paths = {path for _, path in routes}
     rm.metrics.bind(rm.under_replicated_count, rm.offline_count, lambda: len(rm.produce_purgatory),
                     lambda: len(rm.fetch_purgatory))

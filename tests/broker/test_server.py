@@ -27,9 +27,15 @@ async def test_routes_methods_and_body_limit(start_broker: StartBroker) -> None:
                           headers={"Content-Type": CONTENT_TYPE}) as resp:
             assert resp.status == 200
             assert "brokers" in decode(await resp.read())
+        async with s.head(f"{base}/v1/status") as resp:  # HEAD where GET, as the controller (aiohttp's router)
+            assert resp.status == 200
+            assert await resp.read() == b""
         async with s.get(f"{base}/v1/produce") as resp:  # known path, wrong method
             assert resp.status == 405
             assert resp.headers["Allow"] == "POST"
+        async with s.put(f"{base}/metrics") as resp:
+            assert resp.status == 405
+            assert resp.headers["Allow"] == "GET, HEAD"
         async with s.post(f"{base}/v1/no_such_api", data=b"") as resp:
             assert resp.status == 404
             assert "no_such_api" in await resp.text()
