@@ -372,20 +372,33 @@ def tail(path: str, lines: int = 5, start: int = 0) -> str:
     return "\n".join(text[-lines:])
 
 
-async def registered_brokers(controller: str, rpc: RpcClient) -> set[int]:
-    """Broker ids the controller lists as registered and not fenced."""
+async def registered_brokers(controller: str, rpc: RpcClient) -> dict[int, int]:
+    """Broker id -> broker epoch of the brokers the controller lists as registered and not fenced."""
     status = await rpc.get_json(controller, "/v1/status", timeout_s=2.0)
-    return {int(b["node_id"]) for b in status.get("brokers") or [] if not b.get("fenced", False)}
+    return {int(b["node_id"]): int(b["broker_epoch"]) for b in status.get("brokers") or []
+            if not b.get("fenced", False)}
+
+
+async def _serving_at(broker: Member, epoch: int, rpc: RpcClient) -> bool:
+    """The process on ``broker``'s address answers and holds the broker epoch the controller lists.
+
+    The controller alone is not enough: a killed broker stays listed, unfenced, at its old epoch until its
+    session times out, and a restarted controller counts every unfenced broker alive for a session."""
+    with contextlib.suppress(RpcError, ValueError, KeyError, TypeError, AttributeError):
+        status = await rpc.get_json(broker.address, "/v1/status", timeout_s=2.0)
+        return int(status["broker_epoch"]) == epoch
+    return False
 
 
 async def wait_registered(spec: ClusterSpec, timeout_s: float) -> None:
     """Until the controller answers and every broker in ``spec`` is registered (bounded); an exited member
     fails fast with its last log lines."""
-    wanted = {m.node_id for m in spec.brokers if m.node_id is not None}
+    brokers = {m.node_id: m for m in spec.brokers if m.node_id is not None}
+    wanted = set(brokers)
     rpc = RpcClient()
     deadline = time.monotonic() + timeout_s
     next_report = time.monotonic() + 5
-    seen: set[int] = set()
+    seen: set[int] = set()  # registered, and serving at the epoch the controller lists
     answered = False
     try:
         while True:
@@ -396,8 +409,11 @@ async def wait_registered(spec: ClusterSpec, timeout_s: float) -> None:
                     raise CliError(f"{m.name} exited with status {status} during start; "
                                    + (f"last lines of {m.log}:\n{last}" if last else f"it wrote nothing to {m.log}"))
             with contextlib.suppress(RpcError, ValueError, KeyError, TypeError, AttributeError):
-                seen = await registered_brokers(spec.controller.address, rpc)
+                listed = await registered_brokers(spec.controller.address, rpc)
                 answered = True
+                for b in sorted(wanted & listed.keys() - seen):
+                    if await _serving_at(brokers[b], listed[b], rpc):
+                        seen.add(b)
             if answered and wanted <= seen:
                 return
             if time.monotonic() >= next_report:

@@ -17,6 +17,8 @@ from aiohttp import ClientSession, ClientTimeout, web
 
 from common.wire import CONTENT_TYPE, decode_body, encode
 
+START_DELAY_ENV = "MINIBROKER_FAKE_BROKER_START_DELAY_S"
+
 
 def write_files(data_dir: str, address: str) -> None:
     d = Path(data_dir)
@@ -59,10 +61,14 @@ async def controller(args: argparse.Namespace, stop: asyncio.Event) -> None:
 
 
 async def broker(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    registered = {"broker_epoch": -1}  # as the real broker: -1 until the controller answers its registration
+
     async def status(_request: web.Request) -> web.Response:
-        return web.json_response({"node_id": args.node_id, "role": "broker", "broker_epoch": 1,
+        return web.json_response({"node_id": args.node_id, "role": "broker", **registered,
                                   "controller_epoch": 1, "partitions": []})
 
+    # a slow start (a real broker recovering its logs), so that a test sees what waits for it
+    await asyncio.sleep(float(os.environ.get(START_DELAY_ENV, "0")))
     app = web.Application()
     app.router.add_get("/v1/status", status)
     runner = await serve(app, args.listen)
@@ -76,6 +82,7 @@ async def broker(args: argparse.Namespace, stop: asyncio.Event) -> None:
                                                      "incarnation_id": str(os.getpid())}),
                                         headers={"Content-Type": CONTENT_TYPE}) as resp:
                     if resp.status == 200:
+                        registered["broker_epoch"] = decode_body(await resp.read())["broker_epoch"]
                         break
             except OSError:
                 pass

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from cli import cluster
+from tests.cli.fake_processes import START_DELAY_ENV
 from tests.cli.helpers import FAKE, free_base_port, minibroker, run
 
 
@@ -55,10 +59,19 @@ async def test_up_status_kill_start_down(data_dir: Path) -> None:
     code, _, err = await run("cluster", "kill", "1", "--data-dir", str(data_dir))
     assert code == 2 and "not running" in err
 
-    code, out, err = await run("cluster", "start", "1", "--data-dir", str(data_dir))
+    # the controller still lists the killed broker-1, unfenced at its old epoch (a real one until its
+    # session times out): start must wait for the new process to serve at its new epoch, slow as it starts
+    os.environ[START_DELAY_ENV] = "1"
+    try:
+        code, out, err = await run("cluster", "start", "1", "--data-dir", str(data_dir))
+    finally:
+        del os.environ[START_DELAY_ENV]
     assert code == 0, err
     members = await status_of(data_dir)
     assert members["broker-1"]["running"] and members["broker-1"]["pid"] != old_pid
+    assert members["broker-1"]["responding"]
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{base + 1}/v1/status") as resp:
+        assert (await resp.json())["broker_epoch"] == 3  # registered again: 1 and 2 went to the first start
     code, _, err = await run("cluster", "start", "broker-1", "--data-dir", str(data_dir))
     assert code == 2 and "already running" in err
 
