@@ -214,8 +214,9 @@ class MetadataCache:
         self._last_refresh_ms = self._clock.monotonic_ms()
         raise NoBrokersAvailableError("no broker answered metadata: " + "; ".join(errors[-3:]))
 
-    async def wait_for_topic(self, topic: str, timeout_ms: int) -> list[int]:
-        """Partitions of ``topic`` once every one has a leader; raises the topic's error on timeout."""
+    async def wait_for_topic(self, topic: str, timeout_ms: int, *, leaders: bool = True) -> list[int]:
+        """Partitions of ``topic`` once every one has a leader (with ``leaders=False``: once the topic is
+        known); the partitions known at the timeout, else the topic's error."""
         self.add_topics([topic])
         deadline = self._clock.monotonic_ms() + timeout_ms
         while True:
@@ -227,7 +228,7 @@ class MetadataCache:
                 await asyncio.sleep(self._retry_backoff_ms / 1000)
                 continue
             parts = md.partitions_for(topic)
-            if parts and all(md.leader_address(TopicPartition(topic, p)) for p in parts):
+            if parts and (not leaders or all(md.leader_address(TopicPartition(topic, p)) for p in parts)):
                 return parts
             if self._clock.monotonic_ms() >= deadline:
                 if parts:

@@ -325,7 +325,9 @@ class Producer:
         count = self.metadata.current.partition_counts.get(topic)
         if count:
             return count
-        parts = await self.metadata.wait_for_topic(topic, self.config.max_block_ms)
+        # Kafka's waitOnMetadata: max.block.ms covers knowing the topic, not its leaders; a record for a
+        # partition without a leader waits in the accumulator, bounded by delivery.timeout.ms
+        parts = await self.metadata.wait_for_topic(topic, self.config.max_block_ms, leaders=False)
         return len(parts)
 
     async def flush(self) -> None:
@@ -386,12 +388,12 @@ class Producer:
     def _send_ready(self) -> int | None:
         """Send every ready batch whose leader has room; returns ms until the next batch is ready."""
         now = self._clock.monotonic_ms()
-        expired = self._acc.expire(now)
-        for batch in expired:
-            last = f" (last error {batch.last_error})" if batch.last_error else ""
-            self._fail([batch], DeliveryTimeoutError(
-                f"not acknowledged within delivery.timeout.ms={self.config.delivery_timeout_ms}{last}"))
         md = self.metadata.current
+        for batch in self._acc.expire(now):
+            why = batch.last_error or ("LEADER_NOT_AVAILABLE" if md.leader_address(batch.tp) is None else "")
+            self._fail([batch], DeliveryTimeoutError(f"not acknowledged within delivery.timeout.ms="
+                                                     f"{self.config.delivery_timeout_ms}"
+                                                     + (f" (last error {why})" if why else "")))
         by_leader: dict[str, list[TopicPartition]] = {}
         next_ms: int | None = None
         for tp in self._acc.partitions():

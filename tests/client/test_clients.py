@@ -98,6 +98,18 @@ async def test_delivery_timeout_bounds_retries(fake: FakeCluster) -> None:
             await fut
 
 
+async def test_a_partition_without_a_leader_holds_only_its_own_records(fake: FakeCluster) -> None:
+    # Kafka's max.block.ms covers knowing the topic, not its leaders: with one partition leaderless, the
+    # others' records go at once, and that partition's fail after delivery.timeout.ms naming the cause
+    # (before, the first send blocked for the whole max.block.ms, here a minute, waiting for every leader)
+    fake.move_leader(TopicPartition(TOPIC, 1), -1)
+    async with Producer(fake.bootstrap, fast(max_block_ms=60_000, delivery_timeout_ms=500)) as producer:
+        stuck = await producer.send(TOPIC, b"x", partition=1)
+        assert (await producer.send_and_wait(TOPIC, b"y", partition=0)).offset == 0
+        with pytest.raises(DeliveryTimeoutError, match=r"ms=500 \(last error LEADER_NOT_AVAILABLE\)$"):
+            await stuck
+
+
 async def test_unknown_topic_and_partition_are_errors(fake: FakeCluster) -> None:
     async with Producer(fake.bootstrap, fast(max_block_ms=200)) as producer:
         with pytest.raises(MinibrokerError) as info:
