@@ -269,8 +269,13 @@ async def consume_main(args: argparse.Namespace, out: TextIO) -> int:
             out.write("".join(format_record(r, args.format, args.print_key) + "\n" for r in records))
             out.flush()
             count += len(records)
+        leaderless = [tp for tp in tps if consumer.metadata.current.leader_address(tp) is None]
     finally:
         await consumer.close()
+    if leaderless:  # Kafka's consumer warns LEADER_NOT_AVAILABLE in its log; say it where it is seen
+        print(f"warning: no leader for partition{'s' if len(leaderless) > 1 else ''} "
+              f"{', '.join(f'{tp.topic}-{tp.partition}' for tp in leaderless)}: none of its records were read",
+              file=sys.stderr)
     print(f"consumed {count} messages", file=sys.stderr)
     return 0
 
@@ -339,7 +344,9 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     start = c.add_mutually_exclusive_group()
     start.add_argument("--from-beginning", action="store_true", help="start at the log start (default: the end)")
     start.add_argument("--offset", type=non_negative("--offset"), default=None,
-                       help="start at this offset (in every consumed partition)")
+                       help="start at this offset in every consumed partition (where it is past a partition's "
+                            "end or before its start, that partition starts at its end, as Kafka's console "
+                            "consumer does)")
     c.add_argument("--max-messages", type=positive("--max-messages"), default=None,
                    help="stop after this many records (default: no limit)")
     c.add_argument("--timeout-ms", type=positive("--timeout-ms"), default=None,

@@ -57,6 +57,18 @@ async def test_consume_text_from_an_offset_on_one_partition_stops_when_idle(fake
     assert "consumed 2 messages" in err
 
 
+async def test_consume_says_which_partitions_had_no_leader(fake: FakeCluster) -> None:
+    status, _, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "0", stdin=b"a\n")
+    assert status == 0, err
+    fake.move_leader(TopicPartition(TOPIC, 1), -1)
+    status, out, err = await run("consume", TOPIC, "--bootstrap", fake.bootstrap, "--from-beginning",
+                                 "--metadata-timeout-ms", "300", "--timeout-ms", "500")
+    assert status == 0, err
+    assert out.splitlines() == ["a"]
+    assert f"warning: no leader for partition {TOPIC}-1: none of its records were read" in err
+    assert "consumed 1 messages" in err
+
+
 async def test_produce_reports_failures_and_exits_non_zero(fake: FakeCluster) -> None:
     from common.errors import ErrorCode
 
