@@ -10,6 +10,7 @@ cannot use. Spark is imported only when ``audit`` runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 from pathlib import Path
@@ -100,6 +101,8 @@ def run_audit_command(args: argparse.Namespace) -> int:
     if args.report is not None:
         check_report_path(args.report)
     conf = _conf(args.conf)
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
     from pyspark.sql import SparkSession
 
     from audit.spark_audit import build_session, format_summary, run_audit, write_report
@@ -111,9 +114,13 @@ def run_audit_command(args: argparse.Namespace) -> int:
         report = run_audit(spark, args.export_dir, evidence_rows=args.evidence_rows)
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    except (Py4JError, PySparkException) as exc:  # a failed job or a JVM that died (out of memory)
+        raise CliError(f"the Spark audit failed ({type(exc).__name__}); Spark's log above has the cause. An "
+                       "export too large for the JVM's heap needs more: --conf spark.driver.memory=8g, say") from None
     finally:
         if existing is None:
-            spark.stop()
+            with contextlib.suppress(Py4JError, PySparkException):  # nothing left to stop if the JVM died
+                spark.stop()
     print(format_summary(report))
     if args.report is not None:
         try:

@@ -54,3 +54,17 @@ def test_audit_of_a_non_export_is_a_usage_error(tmp_path: Path) -> None:
     assert main(["audit", str(tmp_path)]) == 2
     assert main(["audit", str(clean_export().write(tmp_path / "e")), "--evidence-rows", "0"]) == 2
     assert main(["audit", str(tmp_path / "e"), "--conf", "novalue"]) == 2
+
+
+def test_a_failed_spark_job_is_one_line_and_the_session_survives(spark: Any, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # a job that fails inside Spark (here an unreadable Parquet file; in a long chaos run, a JVM out of
+    # heap) was a traceback, and then another from stopping a session whose JVM was gone
+    export_dir = clean_export().write(tmp_path / "e")
+    (export_dir / "records.parquet").write_bytes(b"PAR1 this is not parquet PAR1")
+    assert main(["audit", str(export_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("minibroker: error: the Spark audit failed (")
+    assert "--conf spark.driver.memory=8g" in err[-1]
+    assert not spark.sparkContext._jsc.sc().isStopped()
+
