@@ -66,7 +66,7 @@ def describe_text(doc: dict[str, Any]) -> str:
             continue
         parts = t["partitions"]
         rf = len(parts[0]["replicas"]) if parts else 0
-        configs = ",".join(f"{k}={v}" for k, v in sorted((t.get("configs") or {}).items()))
+        configs = ",".join(f"{k}={_config_text(v)}" for k, v in sorted((t.get("configs") or {}).items()))
         lines.append(f"Topic: {t['topic']}\tPartitionCount: {len(parts)}\tReplicationFactor: {rf}\t"
                      f"Configs: {configs}")
         for p in parts:
@@ -77,7 +77,14 @@ def describe_text(doc: dict[str, Any]) -> str:
                          f"{p['leader'] if p['leader'] >= 0 else 'none'}\tLeaderEpoch: {p['leader_epoch']}\t"
                          f"Replicas: {','.join(map(str, p['replicas']))}\tIsr: {','.join(map(str, p['isr']))}\t"
                          f"HW/LEO: {states}")
+    if any(s["hw"] is None for t in doc["topics"] for p in t.get("partitions") or [] for s in p["replica_states"]):
+        lines.append("(HW/LEO ?/?: that replica's broker did not answer)")
     return "\n".join(lines)
+
+
+def _config_text(value: Any) -> str:
+    """A config value as it is written with --config (true, not Python's True)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 async def describe_main(args: argparse.Namespace) -> int:

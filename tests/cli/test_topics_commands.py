@@ -143,6 +143,7 @@ async def test_create_list_describe(controller: FakeController) -> None:
     assert code == 0, err
     assert "Topic: orders\tPartitionCount: 2\tReplicationFactor: 2\tConfigs: min.insync.replicas=2" in out
     assert "Partition: 1\tLeader: 1\tLeaderEpoch: 2\tReplicas: 1,2\tIsr: 1\tHW/LEO: 1:11/13 2:?/?" in out
+    assert out.rstrip().endswith("(HW/LEO ?/?: that replica's broker did not answer)")
 
     code, _, err = await run("topics", "describe", "nope", *ctl)
     assert code == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in err
@@ -159,3 +160,15 @@ async def test_controller_from_the_environment(controller: FakeController, monke
     monkeypatch.setenv("MINIBROKER_CONTROLLER", controller.address)
     code, out, err = await run("topics", "list")
     assert code == 0 and out == "", err
+
+
+def test_describe_text_writes_configs_as_they_are_given() -> None:
+    from cli.topics import describe_text
+
+    doc = {"topics": [{"topic": "t", "configs": {"unclean.leader.election.enable": False, "min.insync.replicas": 2},
+                       "partitions": [{"partition": 0, "leader": 1, "leader_epoch": 0, "replicas": [1], "isr": [1],
+                                       "replica_states": [{"broker": 1, "hw": 3, "leo": 3}]}]}]}
+    text = describe_text(doc)
+    assert "Configs: min.insync.replicas=2,unclean.leader.election.enable=false" in text
+    assert "HW/LEO: 1:3/3" in text and "did not answer" not in text  # the note only when a replica is silent
+
