@@ -604,6 +604,9 @@ def member_status(spec: ClusterSpec) -> list[dict[str, Any]]:
             await rpc.close()
 
     statuses = asyncio.run(probe())
+    controller_status = statuses[spec.members.index(spec.controller)]
+    stopping = ({int(b["node_id"]) for b in controller_status.get("brokers") or [] if b.get("shutting_down")}
+                if isinstance(controller_status, dict) else set())
     rows: list[dict[str, Any]] = []
     for m, st in zip(spec.members, statuses, strict=True):
         running = is_running(m)
@@ -611,6 +614,8 @@ def member_status(spec: ClusterSpec) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"name": m.name, "kind": m.kind, "node_id": m.node_id, "address": m.address,
                                "pid": m.pid, "running": running, "paused": stopped,
                                "responding": st is not None, "log": m.log}
+        if m.kind == "broker":
+            row["shutting_down"] = running and m.node_id in stopping  # in controlled shutdown
         if isinstance(st, dict) and m.kind == "broker":
             parts = st.get("partitions") or []
             row["broker_epoch"] = st.get("broker_epoch")
@@ -641,7 +646,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     print(f"{'MEMBER':<12} {'ADDRESS':<16} {'PID':>8}  {'STATE':<10} DETAILS")
     for r in rows:
-        state = "paused" if r["paused"] else ("up" if r["responding"] else ("starting" if r["running"] else "down"))
+        state = ("paused" if r["paused"] else "stopping" if r.get("shutting_down")
+                 else "up" if r["responding"] else "starting" if r["running"] else "down")
         details = ""
         if "leader_for" in r:
             details = f"leader for {r['leader_for']} of {r['replicas']} replicas, broker_epoch {r['broker_epoch']}"

@@ -142,6 +142,35 @@ async def test_acked_lines_survive_a_leader_sigkill_and_restart(cluster_dir: tup
     new_leader = doc["topics"][0]["partitions"][0]["leader"]
     print(f"acked {len(acked)} of {LINES}, consumed {len(consumed)}; leader of {TOPIC}-0: {victim} -> {new_leader}",
           file=sys.stderr)
+    await a_broker_in_controlled_shutdown_shows_as_stopping(data_dir, controller)
+
+
+async def a_broker_in_controlled_shutdown_shows_as_stopping(data_dir: Path, controller: str) -> None:
+    """SIGTERM a broker that leads an RF=1 partition: its controlled shutdown waits (the leadership has
+    nowhere to go), and ``cluster status`` says it is stopping, not up."""
+    status, _, err = await run("topics", "create", "solo", "--partitions", "1", "--replication-factor", "1",
+                               "--controller", controller)
+    assert status == 0, err
+    status, out, err = await run("topics", "describe", "solo", "--json", "--controller", controller)
+    assert status == 0, err
+    leader = json.loads(out)["topics"][0]["partitions"][0]["leader"]
+    status, _, err = await run("cluster", "kill", str(leader), "--signal", "TERM", "--data-dir", str(data_dir))
+    assert status == 0, err
+    row: dict[str, Any] = {}
+    for _ in range(50):
+        status, out, err = await run("cluster", "status", "--json", "--data-dir", str(data_dir))
+        assert status == 0, err
+        row = next(m for m in json.loads(out)["members"] if m["name"] == f"broker-{leader}")
+        if row["shutting_down"]:
+            break
+        await asyncio.sleep(0.1)
+    assert row["shutting_down"] and row["running"], row
+    status, out, err = await run("cluster", "status", "--data-dir", str(data_dir))
+    assert status == 0, err
+    assert f"broker-{leader}" in out and "stopping" in next(
+        line for line in out.splitlines() if line.startswith(f"broker-{leader} "))
+    status, _, err = await run("cluster", "kill", str(leader), "--data-dir", str(data_dir))  # not 30 s of waiting
+    assert status == 0, err
 
 
 async def test_demo_runs_end_to_end(tmp_path: Path) -> None:
