@@ -120,13 +120,18 @@ async def read_lines(stream: BinaryIO, chunk_bytes: int = 1 << 16) -> AsyncItera
         yield [carry]
 
 
+class NoKeySeparatorError(ValueError):
+    """A line without the --key-separator: Kafka's console producer refuses it too, rather than send it
+    with a null key that the user did not ask for."""
+
+
 def split_key(line: bytes, separator: bytes | None) -> tuple[bytes | None, bytes]:
     line = line.removesuffix(b"\r")
     if separator is None:
         return None, line
     key, sep, value = line.partition(separator)
     if not sep:
-        return None, line
+        raise NoKeySeparatorError(f"no key separator {separator.decode(errors='replace')!r} in the line")
     return key, value
 
 
@@ -148,10 +153,11 @@ async def produce_main(args: argparse.Namespace, stdin: BinaryIO, out: TextIO) -
 
     def failed(line_no: int, value: bytes, exc: BaseException) -> None:
         counts["failed"] += 1
+        name = "NO_KEY_SEPARATOR" if isinstance(exc, NoKeySeparatorError) else error_name(exc)
         if not first_error:
-            first_error.append(f"line {line_no}: {error_name(exc)}: {exc}")
+            first_error.append(f"line {line_no}: {name}: {exc}")
         if args.delivery_report:
-            out.write(json.dumps({"value": text_of(value), "error": error_name(exc)}) + "\n")
+            out.write(json.dumps({"value": text_of(value), "error": name}) + "\n")
 
     def report(line_no: int, value: bytes, fut: DeliveryFuture) -> None:
         exc = fut.exception()
@@ -173,7 +179,12 @@ async def produce_main(args: argparse.Namespace, stdin: BinaryIO, out: TextIO) -
         async for lines in read_lines(stdin):
             for line in lines:
                 line_no += 1
-                key, value = split_key(line, separator)
+                try:
+                    key, value = split_key(line, separator)
+                except NoKeySeparatorError as exc:  # this line alone fails, as an oversized one does
+                    counts["sent"] += 1
+                    failed(line_no, line.removesuffix(b"\r"), exc)
+                    continue
                 try:
                     fut = await producer.send(args.topic, value, key=key, partition=args.partition)
                 except MinibrokerError as exc:
@@ -316,7 +327,8 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     p.add_argument("--partition", "-p", type=non_negative("--partition"), default=None,
                    help="send every record to this partition (default: by key hash, sticky for null keys)")
     p.add_argument("--key-separator", "-K", default=None, metavar="SEP",
-                   help="split each line at the first SEP into key and value")
+                   help="split each line at the first SEP into key and value; a line without SEP is not sent "
+                        "and is reported as failed (NO_KEY_SEPARATOR)")
     p.add_argument("--delivery-report", action="store_true",
                    help='one JSON line per record: {"value","partition","offset"} or {"value","error"}')
     p.add_argument("--linger-ms", type=non_negative("--linger-ms"), default=5, help="linger.ms (default 5)")

@@ -57,6 +57,17 @@ async def test_consume_text_from_an_offset_on_one_partition_stops_when_idle(fake
     assert "consumed 2 messages" in err
 
 
+async def test_a_line_without_the_key_separator_fails_alone(fake: FakeCluster) -> None:
+    # Kafka's console producer refuses it ("No key separator found"); it used to go with a null key
+    status, out, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap, "-K", ":", "--partition", "0",
+                                 "--delivery-report", stdin=b"k1:a\nno separator\nk2:b\n")
+    assert status == 1 and "Traceback" not in err
+    reports = [json.loads(line) for line in out.splitlines()]
+    assert {"value": "no separator", "error": "NO_KEY_SEPARATOR"} in reports
+    assert sorted(r["value"] for r in reports if "offset" in r) == ["a", "b"]
+    assert "1 of 3 records were not acknowledged (first error: line 2: NO_KEY_SEPARATOR: no key separator ':'" in err
+
+
 async def test_consume_says_which_partitions_had_no_leader(fake: FakeCluster) -> None:
     status, _, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "0", stdin=b"a\n")
     assert status == 0, err
