@@ -113,9 +113,13 @@ class AuditReport:
 # ---------------------------------------------------------------- session
 
 def build_session(master: str = "local[*]", *, app_name: str = "minibroker-audit",
-                  shuffle_partitions: int = 4, driver_memory: str = "1g",
+                  shuffle_partitions: int = 4, driver_memory: str = "4g",
                   extra_conf: dict[str, str] | None = None) -> SparkSession:
-    """A SparkSession sized for a small machine; pass ``--master`` for a real cluster."""
+    """A SparkSession sized for a small machine; pass ``--master`` for a real cluster.
+
+    ``driver_memory``: the JVM's heap, which in local mode runs every task. Spark's default of 1g ran out
+    (in a broadcast join) auditing a 20-minute chaos run's export (5.0M record rows, 1.7M sends, 3.3M
+    polls); 4g audited it in 138 s. A heap is reserved, not used, until the data needs it."""
     from pyspark.sql import SparkSession
 
     builder = (SparkSession.builder.master(master).appName(app_name)
