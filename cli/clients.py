@@ -285,7 +285,7 @@ async def consume_main(args: argparse.Namespace, out: TextIO) -> int:
         await consumer.close()
     if leaderless:  # Kafka's consumer warns LEADER_NOT_AVAILABLE in its log; say it where it is seen
         print(f"warning: no leader for partition{'s' if len(leaderless) > 1 else ''} "
-              f"{', '.join(f'{tp.topic}-{tp.partition}' for tp in leaderless)}: none of its records were read",
+              f"{', '.join(f'{tp.topic}-{tp.partition}' for tp in leaderless)}: records there could not be read",
               file=sys.stderr)
     print(f"consumed {count} messages", file=sys.stderr)
     return 0

@@ -729,7 +729,7 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
 
     q = cs.add_parser("status", help="members, pids, and whether they answer",
                       description="Show each member of the local cluster: address, pid, and whether it is up, "
-                                  "paused, starting or down.")
+                                  "paused, starting, stopping (a broker in controlled shutdown) or down.")
     data_dir_arg(q)
     q.add_argument("--json", action="store_true",
                    help="print the members as JSON, with the data dir, controller and bootstrap addresses")
