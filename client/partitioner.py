@@ -4,11 +4,13 @@ Keyed records: Kafka's ``murmur2(key) & 0x7fffffff % num_partitions`` so the
 same key always lands on the same partition (and on the same one Kafka's Java
 client would pick). Records without a key use a sticky partition (KIP-480):
 all of them go to one partition until its batch is sent, then the partitioner
-moves on round-robin, which keeps batches full instead of spraying one record
-per partition.
+moves on round-robin, skipping partitions without a leader while any has one,
+which keeps batches full instead of spraying one record per partition.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 
 def murmur2(data: bytes) -> int:
@@ -58,16 +60,30 @@ class StickyPartitioner:
         self._start = start
         self.current: dict[str, int] = {}  # topic -> sticky partition; read directly on the producer's hot path
 
-    def partition(self, topic: str, key: bytes | None, num_partitions: int) -> int:
+    def partition(self, topic: str, key: bytes | None, num_partitions: int,
+                  has_leader: Callable[[int], bool] | None = None) -> int:
         if key is not None:
-            return partition_for_key(key, num_partitions)
+            return partition_for_key(key, num_partitions)  # a key's partition, leader or not (as Kafka)
         current = self.current.get(topic)
         if current is None or current >= num_partitions:
-            current = self._start % num_partitions
+            current = _first_with_leader(self._start % num_partitions, num_partitions, has_leader)
             self.current[topic] = current
         return current
 
-    def on_new_batch(self, topic: str, num_partitions: int) -> None:
-        """The sticky partition's batch was closed: move to the next partition."""
+    def on_new_batch(self, topic: str, num_partitions: int, has_leader: Callable[[int], bool] | None = None) -> None:
+        """The sticky partition's batch was closed: move to the next partition that has a leader."""
         current = self.current.get(topic, self._start)
-        self.current[topic] = (current + 1) % max(num_partitions, 1)
+        self.current[topic] = _first_with_leader((current + 1) % max(num_partitions, 1), num_partitions, has_leader)
+
+
+def _first_with_leader(first: int, num_partitions: int, has_leader: Callable[[int], bool] | None) -> int:
+    """``first`` or, round-robin after it, the first partition with a leader; ``first`` when none has one.
+    Kafka's sticky partitioner too picks among the available partitions when there are any, so keyless
+    records do not wait out delivery.timeout.ms on a partition that has no leader."""
+    if has_leader is None:
+        return first
+    for i in range(num_partitions):
+        candidate = (first + i) % num_partitions
+        if has_leader(candidate):
+            return candidate
+    return first

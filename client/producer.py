@@ -255,10 +255,10 @@ class Producer:
             # partition on first and goes to the next one (Kafka's abortOnNewBatch)
             partition = self._sticky.get(topic)
             if partition is None or partition >= num_partitions:
-                partition = self._partitioner.partition(topic, None, num_partitions)
+                partition = self._partitioner.partition(topic, None, num_partitions, self._leader_check(tps))
             batch = acc.try_append(tps[partition], None, value, ts, size)
             if batch is None:
-                self._partitioner.on_new_batch(topic, num_partitions)
+                self._partitioner.on_new_batch(topic, num_partitions, self._leader_check(tps))
                 partition = self._partitioner.partition(topic, None, num_partitions)
                 batch = acc.append(tps[partition], None, value, ts, self._monotonic_ms, size)
         else:
@@ -315,6 +315,11 @@ class Producer:
 
     async def send_and_wait(self, topic: str, value: bytes | None, **kw: Any) -> RecordMetadata:
         return await (await self.send(topic, value, **kw))
+
+    def _leader_check(self, tps: list[TopicPartition]) -> Callable[[int], bool]:
+        """Whether partition ``i`` of ``tps``'s topic has a leader now (for the sticky partitioner)."""
+        md = self.metadata.current
+        return lambda i: md.leader_address(tps[i]) is not None
 
     async def partitions_for(self, topic: str) -> list[int]:
         check_topic(topic)

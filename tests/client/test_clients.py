@@ -110,6 +110,13 @@ async def test_a_partition_without_a_leader_holds_only_its_own_records(fake: Fak
             await stuck
 
 
+async def test_keyless_records_avoid_a_partition_without_a_leader(fake: FakeCluster) -> None:
+    fake.move_leader(TopicPartition(TOPIC, 0), -1)  # the sticky partitioner's first pick
+    async with Producer(fake.bootstrap, fast(batch_size=200, delivery_timeout_ms=2_000)) as producer:
+        metas = await asyncio.gather(*[producer.send_and_wait(TOPIC, b"v%d" % i) for i in range(30)])
+    assert {m.partition for m in metas} == {1, 2}  # every record acknowledged, none waited on partition 0
+
+
 async def test_unknown_topic_and_partition_are_errors(fake: FakeCluster) -> None:
     async with Producer(fake.bootstrap, fast(max_block_ms=200)) as producer:
         with pytest.raises(MinibrokerError) as info:

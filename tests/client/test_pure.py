@@ -45,6 +45,19 @@ def test_sticky_partitioner_moves_on_only_when_a_batch_closes() -> None:
     assert p.partition("t", b"k", 3) == partition_for_key(b"k", 3)
 
 
+def test_sticky_partitioner_skips_partitions_without_a_leader_while_any_has_one() -> None:
+    leaders = {0: False, 1: True, 2: False, 3: True}
+    p = StickyPartitioner()
+    assert p.partition("t", None, 4, leaders.__getitem__) == 1  # not 0, which has no leader
+    p.on_new_batch("t", 4, leaders.__getitem__)
+    assert p.partition("t", None, 4) == 3  # 2 skipped
+    p.on_new_batch("t", 4, leaders.__getitem__)
+    assert p.partition("t", None, 4) == 1  # round the end, 0 skipped
+    p.on_new_batch("t", 4, lambda _: False)  # none has a leader: plain round-robin
+    assert p.partition("t", None, 4) == 2
+    assert p.partition("t", b"k", 4, lambda _: False) == partition_for_key(b"k", 4)  # keys keep their partition
+
+
 def acc(batch_size: int = 100, linger_ms: int = 10) -> RecordAccumulator:
     return RecordAccumulator(batch_size=batch_size, linger_ms=linger_ms, delivery_timeout_ms=1_000)
 
