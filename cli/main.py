@@ -4,7 +4,9 @@ Each package contributes its subcommands through a ``register(sub, perf)``
 function in the modules listed in ``COMMAND_MODULES``: ``sub`` is the top-level
 subparser collection and ``perf`` the one under ``minibroker perf``. A
 subcommand sets ``func(args) -> int`` (the exit status). Errors a user can fix
-(``CliError``, config errors, unreachable peers) print one readable line.
+(``CliError``, config errors, unreachable peers) print one readable line. Exit
+status: 0 done, 1 the operation failed (a wire error, an unreachable peer, a
+record not acknowledged), 2 unusable input (flags, config, files).
 """
 
 from __future__ import annotations
@@ -71,9 +73,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as exc:
         print(f"minibroker: error: {exc}", file=sys.stderr)
         return exc.status
-    except (ConfigError, RpcError) as exc:
+    except ConfigError as exc:
         print(f"minibroker: error: {exc}", file=sys.stderr)
         return 2
+    except RpcError as exc:  # a peer that does not answer: an operating condition, 1 as for wire errors
+        print(f"minibroker: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     return int(status or 0)
