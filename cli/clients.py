@@ -157,7 +157,7 @@ async def produce_main(args: argparse.Namespace, stdin: BinaryIO, out: TextIO) -
         if not first_error:
             first_error.append(f"line {line_no}: {name}: {exc}")
         if args.delivery_report:
-            out.write(json.dumps({"value": text_of(value), "error": name}) + "\n")
+            out.write(json.dumps({"line": line_no, "value": text_of(value), "error": name}) + "\n")
 
     def report(line_no: int, value: bytes, fut: DeliveryFuture) -> None:
         exc = fut.exception()
@@ -167,7 +167,7 @@ async def produce_main(args: argparse.Namespace, stdin: BinaryIO, out: TextIO) -
         counts["acked"] += 1
         meta = fut.result()
         if args.delivery_report:
-            out.write(json.dumps({"value": text_of(value), "partition": meta.partition,
+            out.write(json.dumps({"line": line_no, "value": text_of(value), "partition": meta.partition,
                                   "offset": meta.offset}) + "\n")
 
     producer = Producer(bootstrap_of(args), config)
@@ -330,7 +330,8 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
                    help="split each line at the first SEP into key and value; a line without SEP is not sent "
                         "and is reported as failed (NO_KEY_SEPARATOR)")
     p.add_argument("--delivery-report", action="store_true",
-                   help='one JSON line per record: {"value","partition","offset"} or {"value","error"}')
+                   help='one JSON line per record as it is acknowledged or fails: {"line","value","partition",'
+                        '"offset"} or {"line","value","error"}, line being its 1-based line number on stdin')
     p.add_argument("--linger-ms", type=non_negative("--linger-ms"), default=5, help="linger.ms (default 5)")
     p.add_argument("--batch-size", type=positive("--batch-size"), default=16_384,
                    help="batch.size in bytes (default 16384)")

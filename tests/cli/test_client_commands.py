@@ -32,6 +32,7 @@ async def test_produce_with_keys_and_delivery_reports_then_consume_json(fake: Fa
     assert status == 0, err
     reports = [json.loads(line) for line in out.splitlines()]
     assert sorted(r["value"] for r in reports) == sorted(f"value {i}" for i in range(50))
+    assert all(r["value"] == f"value {r['line'] - 1}" for r in reports)  # each report names its stdin line
     assert all("offset" in r and "error" not in r for r in reports)
     status, out, err = await run("consume", TOPIC, "--bootstrap", fake.bootstrap, "--from-beginning",
                                  "--format", "json", "--max-messages", "50", "--timeout-ms", "5000")
@@ -63,7 +64,7 @@ async def test_a_line_without_the_key_separator_fails_alone(fake: FakeCluster) -
                                  "--delivery-report", stdin=b"k1:a\nno separator\nk2:b\n")
     assert status == 1 and "Traceback" not in err
     reports = [json.loads(line) for line in out.splitlines()]
-    assert {"value": "no separator", "error": "NO_KEY_SEPARATOR"} in reports
+    assert {"line": 2, "value": "no separator", "error": "NO_KEY_SEPARATOR"} in reports
     assert sorted(r["value"] for r in reports if "offset" in r) == ["a", "b"]
     assert "1 of 3 records were not acknowledged (first error: line 2: NO_KEY_SEPARATOR: no key separator ':'" in err
 
@@ -88,7 +89,8 @@ async def test_produce_reports_failures_and_exits_non_zero(fake: FakeCluster) ->
                                  "--delivery-report", "--linger-ms", "50", stdin=b"x\ny\n")
     assert status == 1
     assert [json.loads(line) for line in out.splitlines()] == [
-        {"value": "x", "error": "MESSAGE_TOO_LARGE"}, {"value": "y", "error": "MESSAGE_TOO_LARGE"}]
+        {"line": 1, "value": "x", "error": "MESSAGE_TOO_LARGE"},
+        {"line": 2, "value": "y", "error": "MESSAGE_TOO_LARGE"}]
     assert "2 of 2 records were not acknowledged" in err and "Traceback" not in err
 
 
