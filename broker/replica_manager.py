@@ -425,28 +425,55 @@ class ReplicaManager:
         self._spawn(self._send_isr_change(p, change, epochs))
 
     async def _send_isr_change(self, p: Partition, change: ps.PendingIsrChange, epochs: dict[int, int]) -> None:
+        """Send the pending ISR change until the controller gives a definite answer.
+
+        As Kafka's ``Partition.handleAlterPartitionError``: the pending change (and so the maximal ISR the HW
+        counts) is dropped only when the controller certainly did not apply it (INELIGIBLE_REPLICA,
+        INVALID_REQUEST, checked against the very state the leader holds). A timeout or a lost answer may
+        hide a change the controller did apply: dropping the pending addition then would let the HW pass a
+        replica the controller counts in the ISR and may elect, so acknowledged writes could be lost. Such
+        changes are asked again (the controller answers a change it already applied with its committed
+        state), and INVALID_UPDATE_VERSION carries the controller's state, which the leader takes as a
+        LeaderAndIsr at its own leader epoch would be taken (KRaft's leader learns it from the metadata log).
+        """
         assert self.alter_sender is not None
         sent = p.state
-        try:
-            result = await self.alter_sender.alter_partition(p.tp, sent.leader_epoch, sent.partition_epoch,
-                                                             change.new_isr, epochs)
-        except Exception as exc:
-            log.exception("alter_partition_failed", topic=p.tp.topic, partition=p.tp.partition, error=str(exc))
-            result = AlterResult(ErrorCode.UNKNOWN_SERVER_ERROR)
-        if self.partitions.get(p.tp) is not p or p.state.pending != change or p.state.leader_epoch != sent.leader_epoch:
-            return  # the partition moved meanwhile; LeaderAndIsr carries the truth
-        if result.error is not ErrorCode.NONE:
+        while True:
+            try:
+                result = await self.alter_sender.alter_partition(p.tp, sent.leader_epoch, sent.partition_epoch,
+                                                                 change.new_isr, epochs)
+            except Exception as exc:
+                log.exception("alter_partition_failed", topic=p.tp.topic, partition=p.tp.partition, error=str(exc))
+                result = AlterResult(ErrorCode.UNKNOWN_SERVER_ERROR)
+            if (self.partitions.get(p.tp) is not p or p.state.pending != change
+                    or p.state.leader_epoch != sent.leader_epoch):
+                return  # the partition moved meanwhile; LeaderAndIsr carries the truth
+            if result.error is ErrorCode.NONE:
+                self._isr_change_done(p, result)
+                return
             log.warning("isr_change_rejected", broker_id=self.broker_id, topic=p.tp.topic, partition=p.tp.partition,
                         leader_epoch=sent.leader_epoch, partition_epoch=sent.partition_epoch,
                         new_isr=list(change.new_isr), error=result.error.name)
-            p.state = ps.isr_change_refused(p.state, ineligible=result.error is ErrorCode.INELIGIBLE_REPLICA)
-            # The controller's view differs (its LeaderAndIsr is on the way): do not ask again on every
-            # follower fetch meanwhile.
-            self._isr_backoff_until[p.tp] = self.clock.monotonic_ms() + ISR_RETRY_BACKOFF_MS
-            # A dropped addition no longer holds the HW back: nothing else may wake the waiting produces
-            # (caught-up followers are parked in long polls), so re-evaluate now.
-            self._maybe_advance_hw(p)
-            return
+            if (result.error is ErrorCode.INVALID_UPDATE_VERSION and result.leader_epoch == sent.leader_epoch
+                    and result.isr):
+                self._isr_change_done(p, result)  # the controller's committed ISR, at our leader epoch
+                return
+            if result.error in (ErrorCode.INELIGIBLE_REPLICA, ErrorCode.INVALID_REQUEST):
+                p.state = ps.isr_change_refused(p.state, ineligible=result.error is ErrorCode.INELIGIBLE_REPLICA)
+                # do not ask again on every follower fetch meanwhile
+                self._isr_backoff_until[p.tp] = self.clock.monotonic_ms() + ISR_RETRY_BACKOFF_MS
+                # A dropped addition no longer holds the HW back: nothing else may wake the waiting produces
+                # (caught-up followers are parked in long polls), so re-evaluate now.
+                self._maybe_advance_hw(p)
+                return
+            # Outcome unknown (a timeout), or the controller moved on (a new leader epoch, this broker
+            # re-registering): keep the pending change and ask again until an answer or a LeaderAndIsr.
+            await asyncio.sleep(ISR_RETRY_BACKOFF_MS / 1000)
+            if self._closing:
+                return
+
+    def _isr_change_done(self, p: Partition, result: AlterResult) -> None:
+        """Take the controller's committed ISR for ``p`` (its answer to our AlterPartition)."""
         self._isr_backoff_until.pop(p.tp, None)
         before = p.state.isr
         p.state = ps.isr_change_committed(p.state, leader_epoch=result.leader_epoch, isr=result.isr,

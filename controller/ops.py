@@ -304,7 +304,7 @@ def alter_partition(image: MetadataImage, broker_id: int, items: Sequence[AlterI
         if check is not rules.IsrCheck.OK:
             results.append(AlterResult(item.tp, ErrorCode[check.value], st))
             continue
-        if item.new_isr == st.isr:
+        if rules.same_isr(item.new_isr, st.isr):  # nothing to change (or a resend of an applied change)
             results.append(AlterResult(item.tp, ErrorCode.NONE, st))
             continue
         new = PartitionState(st.replicas, item.new_isr, st.leader, st.leader_epoch, st.partition_epoch + 1)

@@ -171,6 +171,11 @@ class PartitionView:
     partition_epoch: int
 
 
+def same_isr(a: Sequence[int], b: Sequence[int]) -> bool:
+    """The same replicas, whatever their order."""
+    return len(a) == len(b) and set(a) == set(b)
+
+
 def check_alter_isr(req: AlterIsrRequest, part: PartitionView, *, eligible: Collection[int],
                     broker_epochs: Mapping[int, int]) -> IsrCheck:
     """Kafka's ``ReplicationControlManager.alterPartition`` checks, in Kafka's order.
@@ -183,7 +188,11 @@ def check_alter_isr(req: AlterIsrRequest, part: PartitionView, *, eligible: Coll
         return IsrCheck.NOT_LEADER_OR_FOLLOWER
     if req.leader_epoch != part.leader_epoch:
         return IsrCheck.FENCED_LEADER_EPOCH
-    if req.partition_epoch != part.partition_epoch:
+    if req.partition_epoch != part.partition_epoch and not same_isr(req.new_isr, part.isr):
+        # A stale partition epoch asking for the ISR the partition already has is a resend of a change
+        # that was applied and whose answer was lost: it is answered with the committed state, as Kafka's
+        # ZooKeeper-mode controller does (LeaderAndIsr.equalsAllowStalePartitionEpoch). Refusing it would
+        # leave the leader believing the change failed while the controller counts the new ISR.
         return IsrCheck.INVALID_UPDATE_VERSION
     if not req.new_isr or len(set(req.new_isr)) != len(req.new_isr):
         return IsrCheck.INVALID_REQUEST

@@ -23,6 +23,7 @@ from aiohttp import web
 from common.errors import ErrorCode
 from common.http import RpcClient
 from common.wire import CONTENT_TYPE, TopicPartition, decode_body, encode
+from controller.rules import same_isr
 
 
 @dataclass
@@ -62,6 +63,7 @@ class FakeController:
     heartbeats: list[dict[str, Any]] = field(default_factory=list)
     shutdown_requests: list[dict[str, Any]] = field(default_factory=list)
     reject_alter: ErrorCode | None = None
+    lose_alter_answers: int = 0  # apply this many AlterPartitions, then answer 503 as if the answer were lost
     address: str = ""
     _next_epoch: int = 10
     _runner: web.AppRunner | None = None
@@ -131,6 +133,9 @@ class FakeController:
             parts = [self._alter_one(body["broker_id"], TopicPartition(t["topic"], p["partition"]), p)
                      for p in t["partitions"]]
             topics.append({"topic": t["topic"], "partitions": parts})
+        if self.lose_alter_answers > 0:
+            self.lose_alter_answers -= 1
+            raise web.HTTPServiceUnavailable(text="the answer was lost (test)")
         return {"error": 0, "topics": topics}
 
     def _alter_one(self, broker_id: int, tp: TopicPartition, p: dict[str, Any]) -> dict[str, Any]:
@@ -147,8 +152,9 @@ class FakeController:
             return {**out, **cur, "error": int(ErrorCode.NOT_LEADER_OR_FOLLOWER)}
         if p["leader_epoch"] != part.leader_epoch:
             return {**out, **cur, "error": int(ErrorCode.FENCED_LEADER_EPOCH)}
-        if p["partition_epoch"] != part.partition_epoch:
-            return {**out, **cur, "error": int(ErrorCode.INVALID_UPDATE_VERSION)}
+        if p["partition_epoch"] != part.partition_epoch:  # the controller's rule, a resend of an applied change
+            return {**out, **cur} if same_isr(p["new_isr"], part.isr) else {
+                **out, **cur, "error": int(ErrorCode.INVALID_UPDATE_VERSION)}
         part.isr = list(p["new_isr"])
         part.partition_epoch += 1
         return {**out, "leader": part.leader, "leader_epoch": part.leader_epoch, "isr": list(part.isr),

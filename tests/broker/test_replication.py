@@ -180,6 +180,69 @@ async def test_shrink_not_applied_until_committed(start_broker: StartBroker, con
     assert b.rm.partitions[TP].state.isr == (1, FOLLOWER)
 
 
+async def test_a_lost_alter_partition_answer_is_asked_again_not_taken_as_a_refusal(
+        start_broker: StartBroker, controller: FakeController, rpc: RpcClient) -> None:
+    # The controller applies the expansion but its answer is lost. The leader used to take the resend's
+    # INVALID_UPDATE_VERSION as a refusal and drop the follower from its maximal ISR while the controller
+    # counted it in the ISR: acks=all writes were then acknowledged past the follower's log end, and the
+    # controller could elect that follower.
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1, FOLLOWER], isr=[1])
+    await rpc.call(b.address, "produce", produce_body(batch(5)))
+    controller.lose_alter_answers = 1
+    await follower_fetch(rpc, b.address, 0)
+    await follower_fetch(rpc, b.address, 5)  # caught up: expansion requested, applied, answer lost
+    assert b.rm is not None
+    await wait_until(lambda: b.rm is not None and b.rm.partitions[TP].state.isr == (1, FOLLOWER))
+    st = b.rm.partitions[TP].state
+    assert st.pending is None and st.partition_epoch == controller.partitions[TP].partition_epoch
+    assert len(controller.alter_requests) == 2  # the same change, asked again
+    produce = asyncio.create_task(rpc.call(b.address, "produce", produce_body(batch(3), acks=-1)))
+    await asyncio.sleep(0.3)
+    assert not produce.done()  # waits for the follower the controller counts in the ISR
+    assert (await follower_fetch(rpc, b.address, 5))["high_watermark"] == 5
+    await follower_fetch(rpc, b.address, 8)
+    assert part(await asyncio.wait_for(produce, 30))["error"] == 0
+
+
+async def test_an_alter_partition_that_may_have_been_applied_keeps_its_replicas_in_the_maximal_isr(
+        start_broker: StartBroker, controller: FakeController, rpc: RpcClient) -> None:
+    # An AlterPartition that ends without an answer (here the controller refuses it with an error that says
+    # nothing of the change, then accepts it) keeps the addition pending, so it still holds the HW.
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1, FOLLOWER], isr=[1])
+    await rpc.call(b.address, "produce", produce_body(batch(5)))
+    controller.reject_alter = ErrorCode.REQUEST_TIMED_OUT
+    await follower_fetch(rpc, b.address, 0)
+    await follower_fetch(rpc, b.address, 5)
+    await controller.wait_alter(2)  # asked again after the first answer
+    assert b.rm is not None
+    st = b.rm.partitions[TP].state
+    assert st.isr == (1,) and st.pending is not None and FOLLOWER in st.pending.new_isr
+    await rpc.call(b.address, "produce", produce_body(batch(3)))
+    assert (await follower_fetch(rpc, b.address, 5))["high_watermark"] == 5  # the pending addition counts
+    controller.reject_alter = None
+    await wait_until(lambda: b.rm is not None and b.rm.partitions[TP].state.isr == (1, FOLLOWER))
+
+
+async def test_invalid_update_version_hands_the_leader_the_committed_isr(
+        start_broker: StartBroker, controller: FakeController, rpc: RpcClient) -> None:
+    # The controller's ISR moved past the leader's (its expansion applied, the answer lost): the refusal
+    # carries the committed state, which the leader takes, as it would a LeaderAndIsr at its leader epoch.
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1, FOLLOWER], isr=[1])
+    await rpc.call(b.address, "produce", produce_body(batch(5)))
+    committed = controller.partitions[TP]
+    committed.isr, committed.partition_epoch = [1, FOLLOWER], committed.partition_epoch + 1
+    controller.reject_alter = ErrorCode.INVALID_UPDATE_VERSION
+    await follower_fetch(rpc, b.address, 0)
+    await follower_fetch(rpc, b.address, 5)  # caught up: expansion requested, refused with the new state
+    await wait_until(lambda: b.rm is not None and b.rm.partitions[TP].state.isr == (1, FOLLOWER))
+    assert b.rm is not None
+    st = b.rm.partitions[TP].state
+    assert st.pending is None and st.partition_epoch == committed.partition_epoch
+
+
 async def _metrics(address: str) -> str:
     import aiohttp
 

@@ -126,9 +126,15 @@ def test_alter_partition_checks_and_commits() -> None:
     assert [r.error for r in results] == [ErrorCode.NONE, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION]
     image = applied(image, plan)
     assert image.partitions[TP0] == PartitionState((1, 2, 3), (1, 2, 3), 1, 5, 8)
-    # the same request again carries a stale partition epoch
-    _, results = ops.alter_partition(image, 1, items[:1], {1, 2, 3})
+    # the same request again (its answer was lost) carries a stale partition epoch: it is answered with the
+    # committed state and changes nothing, as Kafka's LeaderAndIsr.equalsAllowStalePartitionEpoch
+    plan, results = ops.alter_partition(image, 1, items[:1], {1, 2, 3})
+    assert results[0].error is ErrorCode.NONE and results[0].state == image.partitions[TP0]
+    assert applied(image, plan) == image
+    # a stale partition epoch asking for another ISR is refused
+    _, results = ops.alter_partition(image, 1, [ops.AlterItem(TP0, 5, 7, (1, 2), {})], {1, 2, 3})
     assert results[0].error is ErrorCode.INVALID_UPDATE_VERSION
+    assert results[0].state == image.partitions[TP0]  # the answer carries the committed state
     # adding a fenced broker is refused
     _, results = ops.alter_partition(image, 1, [ops.AlterItem(TP0, 5, 8, (1, 2, 3), {})], {1, 2})
     assert results[0].error is ErrorCode.NONE  # no addition: 3 is already in the ISR
