@@ -124,6 +124,10 @@ class ReplicaManager:
         self.fetch_purgatory.check_and_complete(tp)
 
     def on_follower_truncated(self, tp: TopicPartition, offset: int, reason: str) -> None:
+        # Kafka's LogManager.truncateTo writes the recovery-point checkpoint at once: one still above the
+        # truncation point would let a restart after a power loss trust (skip the CRC checks of) batches
+        # appended since, which were never fsynced. One small fsynced write; truncations are rare.
+        self.log_manager.checkpoint_recovery_points_and_log_starts()
         p = self.partitions.get(tp)
         if p is None:
             return
