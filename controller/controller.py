@@ -178,8 +178,18 @@ class Controller:
         self._propagate(plan, old_image_topics, old_partitions)
         interval = self.config.get_int("metadata.snapshot.interval.records")
         if journal.records_since_snapshot >= interval:
-            await asyncio.to_thread(journal.snapshot, self.image)
-            log.info("metadata_snapshot_written", journal_offset=journal.offset)
+            # The plan is committed (fsynced, applied, propagated): its caller gets its answer whatever
+            # becomes of the snapshot, which is housekeeping.
+            try:
+                failed = await asyncio.to_thread(journal.snapshot, self.image)
+            except JournalBrokenError:
+                log.critical("journal_failed", journal_offset=journal.offset, error=journal.broken)
+                self.fatal.set()  # the process exits; a restart replays the snapshot and the journal
+                return
+            if failed is None:
+                log.info("metadata_snapshot_written", journal_offset=journal.offset)
+            else:
+                log.warning("metadata_snapshot_failed", journal_offset=journal.offset, error=failed)
 
     def _log_changes(self, plan: ops.Plan) -> None:
         for c in plan.changes:

@@ -170,14 +170,32 @@ class Journal:
         self.records_since_snapshot += len(records)
         return offset
 
-    def snapshot(self, image: MetadataImage) -> None:
-        """Write the image as of ``self.offset`` atomically, then start an empty journal."""
-        _write_atomically(self.data_dir / SNAPSHOT_NAME,
-                          encode_frame({"offset": self.offset, "image": image.to_snapshot()}))
-        self._file.close()
-        _write_atomically(self.data_dir / JOURNAL_NAME, b"")
-        self._file = open(self.data_dir / JOURNAL_NAME, "ab", buffering=0)  # noqa: SIM115
+    def snapshot(self, image: MetadataImage) -> str | None:
+        """Write the image as of ``self.offset`` atomically, then start an empty journal; None, or why the
+        snapshot could not be written.
+
+        A snapshot that fails to be written changes nothing replay relies on (the old snapshot and the
+        whole journal still replay), so the journal keeps serving and a later commit tries again. Once the
+        snapshot is in place, a failure while starting the empty journal leaves the name pointing at who
+        knows which file: the journal is broken (``JournalBrokenError``) and the process must restart,
+        where the snapshot and whatever journal is there replay to the same image.
+        """
+        try:
+            _write_atomically(self.data_dir / SNAPSHOT_NAME,
+                              encode_frame({"offset": self.offset, "image": image.to_snapshot()}))
+        except OSError as exc:
+            return f"{exc.__class__.__name__}: {exc}"
+        try:
+            _write_atomically(self.data_dir / JOURNAL_NAME, b"")
+            new = open(self.data_dir / JOURNAL_NAME, "ab", buffering=0)  # noqa: SIM115
+        except OSError as exc:
+            self.broken = f"{exc.__class__.__name__}: {exc}"
+            raise JournalBrokenError(f"starting the journal after a snapshot failed: {self.broken}") from exc
+        old, self._file = self._file, new
+        with contextlib.suppress(OSError):
+            old.close()
         self.records_since_snapshot = 0
+        return None
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

@@ -220,3 +220,69 @@ def test_one_owner_per_data_dir(tmp_path: Path) -> None:
     finally:
         journal.close()
     replay(tmp_path)  # free again once closed
+
+
+def test_a_snapshot_that_cannot_be_written_leaves_the_journal_serving(tmp_path: Path) -> None:
+    journal, image = Journal.open(tmp_path)
+    for op in OPS[:4]:
+        journal.append(op)
+        for r in op:
+            image.apply(r)
+    (tmp_path / (SNAPSHOT_NAME + ".tmp")).mkdir()  # the snapshot's temp file cannot be created
+    try:
+        failed = journal.snapshot(image)
+        assert failed is not None and "IsADirectoryError" in failed
+        for op in OPS[4:]:
+            journal.append(op)  # nothing replay relies on changed: appends go on
+    finally:
+        journal.close()
+    (tmp_path / (SNAPSHOT_NAME + ".tmp")).rmdir()
+    assert replay(tmp_path) == image_of(OPS)
+
+
+def test_a_journal_that_cannot_be_restarted_after_a_snapshot_is_broken(tmp_path: Path) -> None:
+    # it used to be left closed: every later append raised ValueError, which nothing took as fatal, so the
+    # controller stayed up and could commit nothing
+    from controller.journal import JournalBrokenError
+
+    journal, image = Journal.open(tmp_path)
+    for op in OPS[:4]:
+        journal.append(op)
+        for r in op:
+            image.apply(r)
+    (tmp_path / (JOURNAL_NAME + ".tmp")).mkdir()  # the empty journal cannot be written
+    try:
+        with pytest.raises(JournalBrokenError):
+            journal.snapshot(image)
+        with pytest.raises(JournalBrokenError):
+            journal.append(OPS[4])
+    finally:
+        journal.close()
+    (tmp_path / (JOURNAL_NAME + ".tmp")).rmdir()
+    assert replay(tmp_path) == image_of(OPS[:4])  # the snapshot, and the old journal's frames it covers
+
+
+async def test_the_controller_answers_a_committed_change_and_exits_when_its_snapshot_breaks_the_journal(
+        tmp_path: Path) -> None:
+    from common.clock import ManualClock
+    from common.config import controller_config
+    from controller.controller import Controller
+
+    class NoBrokers:  # the propagation transport's interface; nothing listens in this test
+        async def call(self, address: str, api: str, body: dict[str, object], *,
+                       timeout_s: float | None = None) -> dict[str, object]:
+            return {"error": 0, "partitions": []}
+
+    c = Controller(tmp_path, controller_config({"metadata.snapshot.interval.records": 2}), ManualClock(),
+                   transport=NoBrokers(), stall_guard=False)
+    await c.start()
+    try:
+        (tmp_path / (JOURNAL_NAME + ".tmp")).mkdir()
+        assert await c.register_broker(1, "127.0.0.1", 9001, "a") > 0  # committed, then the snapshot fails
+        assert c.fatal.is_set()  # the process exits, to restart and replay
+    finally:
+        await c.close()
+    (tmp_path / (JOURNAL_NAME + ".tmp")).rmdir()
+    journal, image = Journal.open(tmp_path)
+    journal.close()
+    assert 1 in image.brokers
