@@ -653,7 +653,7 @@ class Log:
             upper = self.segments[i + 1].base_offset
             if high_watermark is not None and upper > high_watermark:
                 break
-            if not ((cfg.retention_ms >= 0 and now - seg.rule.max_timestamp > cfg.retention_ms)
+            if not ((cfg.retention_ms >= 0 and now - seg.largest_timestamp_ms() > cfg.retention_ms)
                     or (cfg.retention_bytes >= 0 and total - seg.size >= cfg.retention_bytes)
                     or upper <= self.log_start_offset):
                 break

@@ -79,6 +79,14 @@ class LogSegment:
         self.first_batch_timestamp: int | None = None
         self.unflushed = False
 
+    def largest_timestamp_ms(self) -> int:
+        """Kafka's ``LogSegment.largestTimestamp``: the largest batch timestamp, or the file's last
+        modification time when no batch carries one (-1, which a client may send): time-based retention
+        would otherwise take the segment for 55 years old and delete it at its first check."""
+        if self.rule.max_timestamp >= 0:
+            return self.rule.max_timestamp
+        return os.fstat(self.fd).st_mtime_ns // 1_000_000
+
     # ---- opening -------------------------------------------------------------------------------------------
     @classmethod
     def create(cls, dir: Path, base: int, index_interval_bytes: int, now_ms: int) -> LogSegment:

@@ -241,6 +241,27 @@ def test_retention_by_bytes_time_and_log_start(pdir: Path) -> None:
     log.close()
 
 
+def test_segments_without_timestamps_age_by_their_file_time(pdir: Path) -> None:
+    # batches whose timestamps are all -1 (a client may send them): Kafka's LogSegment.largestTimestamp
+    # falls back to the file's modification time; they used to be deleted at the first retention check
+    import os
+    import time
+
+    now_ms = time.time_ns() // 1_000_000
+    clock = ManualClock(now_ms)
+    log = open_log(pdir, clock, segment_bytes=600, retention_ms=60_000)
+    for _ in range(6):
+        log.append_as_leader(batch(1, size=250, ts=-1), 0)
+    assert len(log.segments) > 1
+    assert log.delete_old_segments() == 0  # written just now
+    old = (now_ms - 3_600_000) * 1_000_000
+    for seg in log.segments[:-1]:
+        os.utime(pdir / f"{seg.base_offset:020d}.log", ns=(old, old))  # an hour ago
+    rolled = len(log.segments) - 1
+    assert log.delete_old_segments() == rolled
+    log.close()
+
+
 def test_log_start_offset_moves_only_forward(pdir: Path) -> None:
     log = open_log(pdir, segment_bytes=300)
     for _ in range(6):
