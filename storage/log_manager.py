@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,6 +54,7 @@ class LogManager:
         self._logs: dict[TopicPartition, Log] = {}
         self._creating: dict[TopicPartition, asyncio.Future[Log]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._checkpoint_lock = threading.Lock()
         now = clock.monotonic_ms()
         self._last_retention_ms = now
         self._last_checkpoint_ms = now
@@ -138,8 +140,12 @@ class LogManager:
             return {}
 
     def _write_checkpoint(self, name: str, offsets: dict[TopicPartition, int]) -> None:
+        # One write at a time: each goes through the same ``<name>.tmp``, and writes come from the event
+        # loop and from worker threads (the HW checkpoint runs in one, and a periodic write cancelled at
+        # shutdown goes on in its thread while the final one starts).
         try:
-            checkpoint.write_offsets(self.data_dir / name, offsets)
+            with self._checkpoint_lock:
+                checkpoint.write_offsets(self.data_dir / name, offsets)
         except OSError as exc:
             raise StorageError(f"cannot write {name}: {exc}") from exc
 
