@@ -44,6 +44,16 @@ def replay(d: Path) -> MetadataImage:
     return image
 
 
+def written(d: Path, ops: list[list[Record]]) -> tuple[Journal, MetadataImage]:
+    """A journal in ``d`` with ``ops`` appended, and the image they make."""
+    journal, image = Journal.open(d)
+    for op in ops:
+        journal.append(op)
+        for r in op:
+            image.apply(r)
+    return journal, image
+
+
 def image_of(ops: list[list[Record]]) -> MetadataImage:
     image = MetadataImage()
     for op in ops:
@@ -127,11 +137,7 @@ def test_corrupt_middle_frame_stops_replay_there(tmp_path: Path) -> None:
 
 
 def test_snapshot_then_journal(tmp_path: Path) -> None:
-    journal, image = Journal.open(tmp_path)
-    for op in OPS[:4]:
-        journal.append(op)
-        for r in op:
-            image.apply(r)
+    journal, image = written(tmp_path, OPS[:4])
     journal.snapshot(image)
     assert (tmp_path / JOURNAL_NAME).stat().st_size == 0
     for op in OPS[4:]:
@@ -144,11 +150,7 @@ def test_snapshot_then_journal(tmp_path: Path) -> None:
 
 
 def test_crash_between_snapshot_and_journal_reset_skips_covered_frames(tmp_path: Path) -> None:
-    journal, image = Journal.open(tmp_path)
-    for op in OPS:
-        journal.append(op)
-        for r in op:
-            image.apply(r)
+    journal, image = written(tmp_path, OPS)
     old_journal = (tmp_path / JOURNAL_NAME).read_bytes()
     journal.snapshot(image)
     journal.close()
@@ -223,11 +225,7 @@ def test_one_owner_per_data_dir(tmp_path: Path) -> None:
 
 
 def test_a_snapshot_that_cannot_be_written_leaves_the_journal_serving(tmp_path: Path) -> None:
-    journal, image = Journal.open(tmp_path)
-    for op in OPS[:4]:
-        journal.append(op)
-        for r in op:
-            image.apply(r)
+    journal, image = written(tmp_path, OPS[:4])
     (tmp_path / (SNAPSHOT_NAME + ".tmp")).mkdir()  # the snapshot's temp file cannot be created
     try:
         failed = journal.snapshot(image)
@@ -245,11 +243,7 @@ def test_a_journal_that_cannot_be_restarted_after_a_snapshot_is_broken(tmp_path:
     # controller stayed up and could commit nothing
     from controller.journal import JournalBrokenError
 
-    journal, image = Journal.open(tmp_path)
-    for op in OPS[:4]:
-        journal.append(op)
-        for r in op:
-            image.apply(r)
+    journal, image = written(tmp_path, OPS[:4])
     (tmp_path / (JOURNAL_NAME + ".tmp")).mkdir()  # the empty journal cannot be written
     try:
         with pytest.raises(JournalBrokenError):
