@@ -44,7 +44,8 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 
 class JournalCorruptError(Exception):
-    """A snapshot that fails its checksum: the data dir is damaged, not torn by a crash."""
+    """A snapshot that fails its checksum, or a damaged journal frame with whole frames after it: the data
+    dir is damaged, not torn by a crash."""
 
 
 class DataDirLockedError(Exception):
@@ -136,6 +137,7 @@ class Journal:
                 replayed += 1
             offset = frame_offset
         if valid < len(raw):
+            _refuse_damage_before_valid_frames(path, raw, valid)
             with open(path, "r+b") as f:
                 f.truncate(valid)
                 f.flush()
@@ -204,6 +206,29 @@ class Journal:
             with contextlib.suppress(OSError):
                 os.close(self._lock_fd)  # releases the flock
             self._lock_fd = -1
+
+
+def _refuse_damage_before_valid_frames(path: Path, raw: bytes, bad: int) -> None:
+    """``JournalCorruptError`` when the frame at ``bad`` fails its checks but a whole frame follows it.
+
+    Frames are fsynced one after another, so a crash can only tear the last one: a damaged frame with a
+    valid one after it is damage on the disk, and cutting the journal there (as for a torn tail) would
+    drop acknowledged changes, leader epochs included, which the controller would then hand out again.
+    Kafka's KRaft log truncates at the first bad batch too, but it has other voters to catch up from;
+    this journal is the only copy, so it refuses to start instead. Only the frame boundary the damaged
+    frame's own length gives is checked (a payload bit flip leaves it intact)."""
+    if bad + _FRAME.size > len(raw):
+        return
+    length, _crc = _FRAME.unpack_from(raw, bad)
+    after = bad + _FRAME.size + length
+    if length > MAX_FRAME_BYTES or after >= len(raw):
+        return
+    following, _ = read_frames(raw[after:])
+    if following:
+        raise JournalCorruptError(
+            f"{path}: the frame at byte {bad} is damaged but {len(following)} whole frame(s) follow it; this "
+            "is not a torn tail from a crash, and cutting it would drop acknowledged changes. Refusing to "
+            f"start: restore the data dir from a copy, or cut the file at byte {bad} to accept that loss")
 
 
 def _lock(data_dir: Path) -> int:

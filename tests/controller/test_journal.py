@@ -136,6 +136,28 @@ def test_corrupt_middle_frame_stops_replay_there(tmp_path: Path) -> None:
     assert replayed == image_of(OPS[:-1])
 
 
+def test_a_damaged_frame_with_whole_frames_after_it_is_refused_not_cut(tmp_path: Path) -> None:
+    # a crash tears only the last frame; a flipped bit in the middle is disk damage, and cutting there
+    # would drop every later acknowledged change (leader epochs the controller would then hand out again)
+    journal, _image = written(tmp_path, OPS)
+    journal.close()
+    path = tmp_path / JOURNAL_NAME
+    data = bytearray(path.read_bytes())
+    size_of_first_three = _size_of(tmp_path / "three", OPS[:3])
+    data[size_of_first_three + 10] ^= 0xFF  # in the payload of frame 4 of 8
+    path.write_bytes(bytes(data))
+    for _ in range(2):  # the second time too: the lock was released, nothing was cut
+        with pytest.raises(JournalCorruptError, match=f"frame at byte {size_of_first_three} is damaged but 4 whole"):
+            Journal.open(tmp_path)
+    assert path.read_bytes() == bytes(data)
+
+
+def _size_of(d: Path, ops: list[list[Record]]) -> int:
+    journal, _image = written(d, ops)
+    journal.close()
+    return (d / JOURNAL_NAME).stat().st_size
+
+
 def test_snapshot_then_journal(tmp_path: Path) -> None:
     journal, image = written(tmp_path, OPS[:4])
     journal.snapshot(image)
