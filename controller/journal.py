@@ -12,7 +12,9 @@ On-disk format (both files in the controller's data dir)::
 
 One frame holds all the records of one controller operation, so a crash never
 leaves half an operation: the frame is either whole (length and CRC match) or a
-torn tail that replay truncates away. ``offset`` grows by one per frame and
+torn tail that replay truncates away. A damaged frame with whole frames after it
+cannot come from a crash (each frame is fsynced before the next is written): it
+is disk damage, and replay refuses to start rather than cut acknowledged frames. ``offset`` grows by one per frame and
 continues across snapshots; replay is the snapshot plus the journal frames with
 a larger offset. After a snapshot the journal is replaced by an empty one (temp
 file + rename); a crash between the two only leaves frames the snapshot already
