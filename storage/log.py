@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import mmap
 import os
 import shutil
 import struct
@@ -77,6 +78,7 @@ from storage.record_batch import (
     BatchTooLargeError,
     BatchTooShortError,
     InvalidBatchError,
+    iter_batches,
 )
 from storage.segment import BatchMeta, LogSegment, log_path, segment_base
 
@@ -210,7 +212,9 @@ class Log:
 
     def _load(self, recovery_point: int, log_start_offset: int | None) -> None:
         bases = self._clean_directory()
-        self.epoch_cache = LeaderEpochCache(self._read_epochs(), on_change=self._write_epochs)
+        entries = self._read_epochs()
+        epochs_unreadable = entries is None
+        self.epoch_cache = LeaderEpochCache(entries, on_change=self._write_epochs)
         floor = max([b for b in bases if b <= recovery_point], default=bases[0] if bases else 0)
         now = self.clock.now_ms()
         for i, base in enumerate(bases):
@@ -234,6 +238,8 @@ class Log:
         first = self.segments[0].base_offset
         self.log_start_offset = min(max(log_start_offset if log_start_offset is not None else first, first),
                                     self.log_end_offset)
+        if epochs_unreadable:
+            self._rebuild_epochs()
         # Entries past the LEO describe lost data; one AT the LEO is a leader's assignment with no data yet.
         self.epoch_cache.truncate_from_end(self.log_end_offset + 1)
         self.epoch_cache.truncate_from_start(self.log_start_offset)
@@ -272,13 +278,33 @@ class Log:
             doomed = LogSegment(self.dir, base, -1, self.config.index_interval_bytes, 0)
             doomed.delete()
 
-    def _read_epochs(self) -> list[EpochEntry]:
+    def _read_epochs(self) -> list[EpochEntry] | None:
+        """The checkpointed epoch entries; None when the file is there but unreadable."""
         path = self.dir / EPOCH_CHECKPOINT
         try:
             return checkpoint.read_epochs(path)
         except checkpoint.CheckpointError as exc:
             self._log.warning("epoch_checkpoint_unreadable", error=str(exc))
-            return []
+            return None
+
+    def _rebuild_epochs(self) -> None:
+        """The epoch cache from the batches' own leader epochs (each epoch starts at the first batch that
+        carries it), for an unreadable checkpoint. An empty cache would answer OffsetsForLeaderEpoch
+        wrongly: as a leader, an older epoch would end where its own began, and a follower could keep
+        data it wrote in an older epoch that the leader never had (Kafka takes the log dir offline)."""
+        entries: list[EpochEntry] = []
+        for seg in self.segments:
+            if not seg.size:
+                continue
+            with mmap.mmap(seg.fd, seg.size, access=mmap.ACCESS_READ) as view:  # headers only are read
+                for _pos, header in iter_batches(view):
+                    epoch = header.partition_leader_epoch
+                    if epoch >= 0 and (not entries or epoch > entries[-1].epoch):
+                        entries.append(EpochEntry(epoch, header.base_offset))
+        self.epoch_cache = LeaderEpochCache(entries, on_change=self._write_epochs)
+        self._write_epochs(self.epoch_cache.entries())
+        self._log.warning("epoch_checkpoint_rebuilt", entries=len(entries),
+                          leader_epoch=self.epoch_cache.latest_epoch())
 
     def _write_epochs(self, entries: list[EpochEntry]) -> None:
         try:

@@ -262,6 +262,25 @@ def test_segments_without_timestamps_age_by_their_file_time(pdir: Path) -> None:
     log.close()
 
 
+def test_an_unreadable_epoch_checkpoint_is_rebuilt_from_the_batches(pdir: Path) -> None:
+    # an empty cache would make a leader answer OffsetsForLeaderEpoch for an older epoch with the offset
+    # where its own began, and a follower keep data the leader never had
+    log = open_log(pdir, segment_bytes=400)
+    for epoch in (1, 1, 3, 3, 3, 5):
+        log.append_as_leader(batch(2, size=100), epoch)
+    assert [(e.epoch, e.start_offset) for e in log.epoch_cache.entries()] == [(1, 0), (3, 4), (5, 10)]
+    assert len(log.segments) > 1
+    log.close()
+    (pdir / "leader-epoch-checkpoint").write_text("0\n2\n1 zero\n")  # damaged
+    log = open_log(pdir)
+    assert [(e.epoch, e.start_offset) for e in log.epoch_cache.entries()] == [(1, 0), (3, 4), (5, 10)]
+    log.close()
+    from storage import checkpoint
+
+    assert [(e.epoch, e.start_offset) for e in checkpoint.read_epochs(pdir / "leader-epoch-checkpoint")] == [
+        (1, 0), (3, 4), (5, 10)]  # written back
+
+
 def test_log_start_offset_moves_only_forward(pdir: Path) -> None:
     log = open_log(pdir, segment_bytes=300)
     for _ in range(6):
