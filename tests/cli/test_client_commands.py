@@ -9,20 +9,15 @@ import pytest
 
 from common.wire import TopicPartition
 from tests.cli.helpers import run
-from tests.client.fake_broker import FakeCluster
+from tests.client.fake_broker import FakeCluster, running
 
 TOPIC = "lines"
 
 
 @pytest.fixture
 async def fake() -> AsyncIterator[FakeCluster]:
-    cluster = FakeCluster()
-    await cluster.start(2)
-    cluster.create_topic(TOPIC, 2)
-    try:
+    async with running(TOPIC, 2) as cluster:
         yield cluster
-    finally:
-        await cluster.close()
 
 
 async def test_produce_with_keys_and_delivery_reports_then_consume_json(fake: FakeCluster) -> None:

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.client.fake_broker import FakeCluster
+from tests.client.fake_broker import FakeCluster, running
 
 TOPIC = "events"
 
@@ -14,10 +14,5 @@ TOPIC = "events"
 @pytest.fixture
 async def fake() -> AsyncIterator[FakeCluster]:
     """Two fake brokers with topic ``events`` of three partitions."""
-    cluster = FakeCluster()
-    await cluster.start(2)
-    cluster.create_topic(TOPIC, 3)
-    try:
+    async with running(TOPIC, 3) as cluster:
         yield cluster
-    finally:
-        await cluster.close()

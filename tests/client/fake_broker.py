@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict, deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,15 +207,22 @@ class FakeCluster:
         return {"topics": topics}
 
 
-async def _serve_forever(topic: str, partitions: int) -> None:
+@contextlib.asynccontextmanager
+async def running(topic: str, partitions: int, *, brokers: int = 2) -> AsyncIterator[FakeCluster]:
+    """``brokers`` fake brokers on 127.0.0.1 serving ``topic`` with ``partitions`` partitions; closed on exit."""
     cluster = FakeCluster()
-    await cluster.start(1)
-    cluster.create_topic(topic, partitions)
-    print(cluster.bootstrap, flush=True)
     try:
-        await asyncio.Event().wait()
+        await cluster.start(brokers)
+        cluster.create_topic(topic, partitions)
+        yield cluster
     finally:
         await cluster.close()
+
+
+async def _serve_forever(topic: str, partitions: int) -> None:
+    async with running(topic, partitions, brokers=1) as cluster:
+        print(cluster.bootstrap, flush=True)
+        await asyncio.Event().wait()
 
 
 if __name__ == "__main__":
