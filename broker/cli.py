@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from common.cli_args import int_range, non_negative, positive
+from common.wire import MAX_INT32
 
-MAX_NODE_ID = 2**31 - 1  # Kafka's node.id is an int32; the controller refuses a larger one at registration
+MAX_NODE_ID = MAX_INT32  # Kafka's node.id is an int32; the controller refuses a larger one at registration
 
 
 def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAction[Any]) -> None:

@@ -32,7 +32,7 @@ from common.digits import parse_digits
 from common.hostport import split_host_port
 from common.logging import get_logger
 from common.wire import MAX_INT32
-from storage.checkpoint import read_properties
+from storage.checkpoint import read_properties, write_atomic
 
 log = get_logger("broker")
 
@@ -99,17 +99,8 @@ def check_meta(data_dir: Path, node_id: int) -> str:
         if owner_id != node_id:
             raise DataDirError(f"data dir {data_dir} belongs to node.id={owner}, not {node_id}")
         cluster_id = props.get("cluster.id", cluster_id)
-    _write_atomic(path, f"version=1\nnode.id={node_id}\ncluster.id={cluster_id}\n")
+    write_atomic(path, f"version=1\nnode.id={node_id}\ncluster.id={cluster_id}\n")
     return cluster_id
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class BrokerProcess:
@@ -154,8 +145,8 @@ class BrokerProcess:
         self.link = ControllerLink(rm, o.controller, host, adv_port, o.config, self.clock)
         rm.alter_sender = self.link
         await self.link.start()
-        _write_atomic(o.data_dir / "endpoint", f"{o.listen_host}:{port}\n")
-        _write_atomic(o.data_dir / "pid", f"{os.getpid()}\n")
+        write_atomic(o.data_dir / "endpoint", f"{o.listen_host}:{port}\n")
+        write_atomic(o.data_dir / "pid", f"{os.getpid()}\n")
         log.info("broker_started", broker_id=o.node_id, endpoint=f"{o.listen_host}:{port}", advertised=self.address,
                  data_dir=str(o.data_dir), controller=o.controller)
 

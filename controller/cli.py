@@ -49,12 +49,6 @@ def run_bench(args: argparse.Namespace) -> int:
     return main(args)
 
 
-def write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def run(args: argparse.Namespace) -> int:
     from common.config import controller_config, parse_assignments
     from common.logging import configure
@@ -86,6 +80,7 @@ async def serve(host: str, port: int, data_dir: Path, config: Any) -> int:
     from common.logging import get_logger
     from controller.controller import Controller
     from controller.server import make_app
+    from storage.checkpoint import write_atomic
 
     log = get_logger("controller.cli")
     controller = Controller(data_dir, config, SystemClock())
@@ -96,8 +91,8 @@ async def serve(host: str, port: int, data_dir: Path, config: Any) -> int:
     bound = runner.addresses[0]
     address = f"{host}:{bound[1]}"
     # pid first: the endpoint file is what waiters poll for, so everything else is in place when it appears
-    write_atomically(data_dir / "pid", str(os.getpid()))
-    write_atomically(data_dir / "endpoint", address)
+    write_atomic(data_dir / "pid", str(os.getpid()))
+    write_atomic(data_dir / "endpoint", address)
     log.info("controller_listening", address=address, controller_epoch=controller.image.controller_epoch)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
