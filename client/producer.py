@@ -501,8 +501,14 @@ class Producer:
                     continue
                 answered.add(tp)
                 code = ErrorCode.of(int(p.get("error", 0)))
-                if code is ErrorCode.NONE:
-                    self._complete(batches, int(p.get("base_offset", -1)))
+                base_offset = p.get("base_offset")
+                if code is ErrorCode.NONE and (type(base_offset) is not int or base_offset < 0):
+                    # A success without the offset it was written at cannot be reported as an ack (a delivery
+                    # report at offset -1 names no record); it was appended, so it fails as maybe written.
+                    self._retry_or_fail(batches, ErrorCode.UNKNOWN_SERVER_ERROR,
+                                        f"a successful produce answer without a base_offset ({base_offset!r})")
+                elif code is ErrorCode.NONE:
+                    self._complete(batches, base_offset)
                 else:
                     self._retry_or_fail(batches, code, str(p.get("error_message") or ""))
         for tp, batches in drained.items():

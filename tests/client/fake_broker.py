@@ -45,6 +45,7 @@ class FakeCluster:
         self.runners: dict[int, web.AppRunner] = {}
         self.errors: dict[TopicPartition, deque[ErrorCode]] = defaultdict(deque)
         self.produce_requests = 0
+        self.base_offset_in_answers = True  # False: successful produce answers leave base_offset out
         self.changed = asyncio.Condition()
 
     def create_topic(self, topic: str, partitions: int, leaders: list[int] | None = None) -> None:
@@ -137,8 +138,11 @@ class FakeCluster:
                     start = part.log_end_offset
                     part.log_end_offset += header.last_offset_delta + 1
                     part.batches.append((start, part.log_end_offset, bytes(buf[pos:pos + header.size])))
-                parts.append({"partition": tp.partition, "error": 0, "base_offset": base,
-                              "log_start_offset": part.log_start_offset})
+                answer = {"partition": tp.partition, "error": 0, "base_offset": base,
+                          "log_start_offset": part.log_start_offset}
+                if not self.base_offset_in_answers:
+                    del answer["base_offset"]
+                parts.append(answer)
             topics.append({"topic": t["topic"], "partitions": parts})
         async with self.changed:
             self.changed.notify_all()

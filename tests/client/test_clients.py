@@ -321,6 +321,21 @@ async def test_a_failure_is_definite_only_when_no_attempt_can_have_been_written(
     assert outcomes == [True, False, True]
 
 
+async def test_a_success_without_its_offset_is_no_ack(fake: FakeCluster) -> None:
+    """A produce answer with error 0 but no base_offset was appended at an unknown offset: the send fails
+    as maybe written (not retried, which would write it twice), never an ack at offset -1."""
+    from client.errors import is_definite_failure
+
+    fake.base_offset_in_answers = False
+    tp = TopicPartition(TOPIC, 0)
+    async with Producer(fake.bootstrap, fast()) as producer:
+        fut = await producer.send(TOPIC, b"x", partition=0)
+        with pytest.raises(MinibrokerError, match="without a base_offset") as info:
+            await fut
+    assert not is_definite_failure(info.value)
+    assert fake.produce_requests == 1 and len(fake.partitions[tp].batches) == 1
+
+
 async def test_keyless_records_fill_one_sticky_batch_at_a_time(fake: FakeCluster) -> None:
     """A keyless record that would open a new batch on the sticky partition goes to the next partition
     instead (Kafka's abortOnNewBatch): every batch but the last of each partition is full."""
