@@ -87,16 +87,28 @@ class Purgatory:
                 ops.append(any_op)
         return False
 
+    def watch_entries(self) -> int:
+        """How many (key, operation) pairs are watched: an operation waiting under k keys counts k times."""
+        return sum(len(ops) for ops in self._watchers.values())
+
     def check_and_complete(self, key: Hashable) -> int:
-        """Try every operation watching ``key``; drop finished ones. Returns how many completed."""
+        """Try every operation watching ``key``; a finished one stops being watched under *every* key it
+        waits for, not only ``key``: a fetch over a busy and an idle partition, completed by the busy one,
+        must not stay in the idle one's list until that changes. (Kafka purges such entries in bulk
+        once enough accumulate, ``DelayedOperationPurgatory.purgeCompleted``; here each goes at once.)
+        Returns how many this call completed."""
         ops = self._watchers.get(key)
         if not ops:
             return 0
         done = 0
+        finished = []
         for op in list(ops):
             if op.try_complete():
                 done += 1
-        self._prune(key)
+            if op.completed:
+                finished.append(op)
+        for op in finished:
+            self._forget(op)
         return done
 
     def expire(self, op: DelayedOperation[R]) -> bool:

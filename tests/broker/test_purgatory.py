@@ -121,3 +121,17 @@ def test_completed_by_one_key_leaves_the_count_at_once() -> None:
     box["n"] = 3
     assert p.check_and_complete("a") == 3 and len(p) == 0
     assert p.check_and_complete("b") == 0 and done == ["ready"] * 3
+
+
+def test_completed_by_one_key_stops_being_watched_under_the_others() -> None:
+    """Operations completed through a busy key leave an idle key's list at once (a follower fetch over a
+    busy and an idle partition would otherwise pile up under the idle one, one per fetch)."""
+    p = Purgatory("t", ManualClock())
+    box = {"n": 0}
+    done: list[str] = []
+    for _ in range(100):
+        p.try_complete_else_watch(Counter(100, box, done), ["busy", "idle"])
+    assert p.watch_entries() == 200
+    box["n"] = 3
+    assert p.check_and_complete("busy") == 100
+    assert p.watch_entries() == 0 and len(p) == 0
