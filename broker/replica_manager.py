@@ -745,20 +745,34 @@ class ReplicaManager:
             if p is None:
                 out[tp] = {**base, "error": int(code)}
                 continue
-            # Consumers see up to the HW; a follower (replica_id >= 0) may see up to the LEO.
-            limit = p.log_end_offset if replica_id >= 0 else p.state.high_watermark
-            if lp.timestamp == EARLIEST_TIMESTAMP:
-                out[tp] = {**base, "error": 0, "offset": p.log_start_offset}
-            elif lp.timestamp == LATEST_TIMESTAMP:
-                out[tp] = {**base, "error": 0, "offset": limit, "leader_epoch": p.state.leader_epoch}
-            else:
-                found = p.log.fetch_offset_by_timestamp(lp.timestamp)
-                if found is None or found.offset >= limit:
-                    out[tp] = {**base, "error": 0}
-                else:
-                    out[tp] = {**base, "error": 0, "timestamp": found.timestamp, "offset": found.offset,
-                               "leader_epoch": found.leader_epoch}
+            try:
+                out[tp] = {**base, **self._list_offset(p, replica_id, lp.timestamp)}
+            except MinibrokerError as exc:  # StorageError: this partition's answer, not the request's
+                out[tp] = {**base, "error": int(exc.code)}
         return out
+
+    @staticmethod
+    def _list_offset(p: Partition, replica_id: int, timestamp: int) -> dict[str, Any]:
+        """Kafka's ``Partition.fetchOffsetForTimestamp``: consumers see up to the HW, a follower
+        (replica_id >= 0) up to the LEO. A new leader whose HW has not yet reached the start of its epoch
+        does not know what is committed: LATEST, and a timestamp found at or above the HW, are then
+        OFFSET_NOT_AVAILABLE (retriable) for consumers rather than a stale HW or "no such record"."""
+        follower = replica_id >= 0
+        limit = p.log_end_offset if follower else p.state.high_watermark
+        lagging = not follower and p.state.leader_epoch_start_offset > p.state.high_watermark
+        if timestamp == EARLIEST_TIMESTAMP:
+            found = p.log.fetch_offset_by_timestamp(EARLIEST_TIMESTAMP)  # the log start and its epoch
+            assert found is not None
+            return {"error": 0, "offset": found.offset, "leader_epoch": found.leader_epoch}
+        if timestamp == LATEST_TIMESTAMP:
+            if lagging:
+                return {"error": int(ErrorCode.OFFSET_NOT_AVAILABLE)}
+            return {"error": 0, "offset": limit, "leader_epoch": p.state.leader_epoch}
+        found = p.log.fetch_offset_by_timestamp(timestamp)
+        if found is not None and found.offset < limit:
+            return {"error": 0, "timestamp": found.timestamp, "offset": found.offset,
+                    "leader_epoch": found.leader_epoch}
+        return {"error": int(ErrorCode.OFFSET_NOT_AVAILABLE) if lagging else 0}
 
     def offsets_for_leader_epoch(self, parts: dict[TopicPartition, tuple[int, int]]
                                  ) -> dict[TopicPartition, dict[str, Any]]:

@@ -348,7 +348,14 @@ class LogSegment:
             if h.max_timestamp < ts or h.last_offset < min_offset:
                 continue
             data = os.pread(self.fd, h.size, pos)
-            for r in decode_records(data):
+            try:
+                records = decode_records(data)
+            except InvalidBatchError:
+                # Records that pass the produce path's frame checks (CRC, count) but do not decode: the
+                # batch's header says it reaches ts, so its first offset is the answer, and a consumer
+                # starting there gets the batch's CorruptRecordError rather than this lookup failing.
+                return h.max_timestamp, max(h.base_offset, min_offset), h.partition_leader_epoch
+            for r in records:
                 if h.first_timestamp + r.timestamp_delta >= ts and h.base_offset + r.offset_delta >= min_offset:
                     return h.first_timestamp + r.timestamp_delta, h.base_offset + r.offset_delta, \
                         h.partition_leader_epoch

@@ -92,7 +92,7 @@ async def test_list_offsets_and_epochs(start_broker: StartBroker, controller: Fa
         return part(await rpc.call(addr, "list_offsets", {"replica_id": -1, "topics": [
             {"topic": TP.topic, "partitions": [{"partition": 0, "timestamp": ts}]}]}))
 
-    assert (await lo(-2))["offset"] == 0
+    assert (await lo(-2))["offset"] == 0 and (await lo(-2))["leader_epoch"] == 0  # the epoch of the log start
     assert (await lo(-1))["offset"] == 5
     assert (await lo(1500))["offset"] == 3
     assert (await lo(9999))["offset"] == -1
@@ -104,6 +104,55 @@ async def test_list_offsets_and_epochs(start_broker: StartBroker, controller: Fa
 
     assert (await ofle(0))["leader_epoch"] == 0 and (await ofle(0))["end_offset"] == 3
     assert (await ofle(1))["end_offset"] == 5
+
+
+def undecodable_batch(ts: int) -> bytes:
+    """A batch whose CRC and record count are right but whose two records are msgpack integers: the
+    produce path checks frames, not records, so it is stored."""
+    body = msgpack.packb([1, 2], use_bin_type=True)
+    tail = struct.pack(">hiqqqhii", 0, 1, ts, ts, -1, -1, -1, 2) + body
+    head = bytearray(struct.pack(">qiibI", 0, len(tail) + 9, -1, 2, 0) + tail)
+    struct.pack_into(">I", head, 17, compute_crc(head, 0, len(head)))
+    return bytes(head)
+
+
+async def test_list_offsets_by_timestamp_over_records_that_do_not_decode(
+        start_broker: StartBroker, controller: FakeController, rpc: RpcClient) -> None:
+    """The lookup answers the batch's first offset (a consumer starting there gets the batch's error);
+    it used to fail the whole request, the healthy partition's answer included."""
+    b = await start_broker()
+    healthy = TopicPartition("t", 1)
+    await controller.elect(TP, leader=1, replicas=[1])
+    await controller.elect(healthy, leader=1, replicas=[1])
+    assert part(await rpc.call(b.address, "produce", produce_body(undecodable_batch(1000))))["error"] == 0
+    await rpc.call(b.address, "produce", produce_body(batch(2, ts=5000), tp=healthy))
+    resp = await rpc.call(b.address, "list_offsets", {"replica_id": -1, "topics": [{"topic": "t", "partitions": [
+        {"partition": 0, "timestamp": 500}, {"partition": 1, "timestamp": 500}]}]})
+    answers = {p["partition"]: (p["error"], p["offset"]) for p in resp["topics"][0]["partitions"]}
+    assert answers == {0: (0, 0), 1: (0, 0)}
+
+
+async def test_list_offsets_while_a_new_leaders_hw_lags_its_epoch_start(
+        start_broker: StartBroker, controller: FakeController, rpc: RpcClient) -> None:
+    """Kafka's Partition.fetchOffsetForTimestamp: until the HW reaches the leader epoch's start, a consumer
+    asking for LATEST, or for a timestamp found above the HW, gets OFFSET_NOT_AVAILABLE (retriable), not
+    the stale HW or "no such record"; a follower still gets the LEO."""
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1, 2])
+    await rpc.call(b.address, "produce", produce_body(batch(3, ts=1000)))  # acks=1: HW stays 0
+    await controller.elect(TP, leader=1, replicas=[1, 2])  # epoch 1 starts at offset 3, above the HW
+
+    async def lo(ts: int, replica_id: int = -1) -> dict[str, Any]:
+        return part(await rpc.call(b.address, "list_offsets", {"replica_id": replica_id, "topics": [
+            {"topic": TP.topic, "partitions": [{"partition": 0, "timestamp": ts}]}]}))
+
+    assert (await lo(-1))["error"] == ErrorCode.OFFSET_NOT_AVAILABLE
+    assert (await lo(500))["error"] == ErrorCode.OFFSET_NOT_AVAILABLE
+    assert (await lo(-2))["error"] == 0 and (await lo(-2))["offset"] == 0
+    assert (await lo(-1, replica_id=2))["offset"] == 3
+    await rpc.call(b.address, "fetch", fetch_body(3, replica_id=2, broker_epoch=1))  # the HW reaches 3
+    assert (await lo(-1))["error"] == 0 and (await lo(-1))["offset"] == 3
+    assert (await lo(500))["offset"] == 0
 
 
 async def test_diverging_epoch_for_follower(start_broker: StartBroker, controller: FakeController,
