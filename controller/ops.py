@@ -74,9 +74,10 @@ def unclean_enabled(image: MetadataImage, topic: str, default: bool) -> bool:
     return bool(value)
 
 
-def _bumped(st: PartitionState, leader: int, isr: tuple[int, ...]) -> PartitionState:
-    """The next state: partition epoch always +1, leader epoch +1 only when the leader changes."""
-    leader_epoch = st.leader_epoch + 1 if leader != st.leader else st.leader_epoch
+def _bumped(st: PartitionState, leader: int, isr: tuple[int, ...], *, new_term: bool = False) -> PartitionState:
+    """The next state: partition epoch always +1, leader epoch +1 when the leader changes (or ``new_term``:
+    the same broker leads as a new incarnation)."""
+    leader_epoch = st.leader_epoch + 1 if leader != st.leader or new_term else st.leader_epoch
     return PartitionState(st.replicas, isr, leader, leader_epoch, st.partition_epoch + 1)
 
 
@@ -130,10 +131,15 @@ def register_broker(image: MetadataImage, node_id: int, host: str, port: int, in
         else:
             election = rules.elect_leader(st.replicas, new_isr, now_live,
                                           unclean_enabled=unclean_enabled(image, tp.topic, unclean_default))
-        if election.leader == st.leader and election.isr == st.isr:
+        if election.leader == st.leader and election.isr == st.isr and st.leader != node_id:
             continue
+        # A partition the old incarnation led gets a new leader epoch even when the new incarnation keeps
+        # leading it (the sole ISR member): its followers then learn the leader's new address with the
+        # LeaderAndIsr, and nothing from the old incarnation's term is taken for the new one's. Kafka gets
+        # the same bump from fencing the old incarnation and unfencing the new one.
         default = ElectionReason.OFFLINE if st.leader == NO_LEADER else ElectionReason.REREGISTRATION
-        plan.change(tp, st, _bumped(st, election.leader, election.isr), _reason(st, election, default))
+        plan.change(tp, st, _bumped(st, election.leader, election.isr, new_term=st.leader == node_id),
+                    _reason(st, election, default))
     return plan, epoch
 
 

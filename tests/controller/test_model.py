@@ -40,21 +40,21 @@ class Model:
     def live(self) -> set[int]:
         return {b for b, r in self.image.brokers.items() if not r.fenced} - self.shutting
 
-    def commit(self, records: list[Record]) -> None:
+    def commit(self, records: list[Record], *, new_incarnation: int | None = None) -> None:
         before = dict(self.image.partitions)
         for r in records:
             self.image.apply(r)
             self.log.append(r)
         for r in records:
             if isinstance(r, PartitionRecord) and r.tp in before:
-                check_transition(before[r.tp], self.image.partitions[r.tp])
+                check_transition(before[r.tp], self.image.partitions[r.tp], new_incarnation)
 
     def step(self, kind: str, arg: int) -> None:
         unclean = False
         if kind == "register":
             plan, _ = ops.register_broker(self.image, arg, "h", 9000 + arg, "x", self.live(), unclean_default=unclean)
             self.shutting.discard(arg)
-            self.commit(plan.records)
+            self.commit(plan.records, new_incarnation=arg)
         elif kind == "fence" and not self.image.brokers[arg].fenced:
             self.commit(ops.fence_broker(self.image, arg, self.live() - {arg}, unclean_default=unclean).records)
         elif kind == "unfence" and self.image.brokers[arg].fenced and arg not in self.shutting:
@@ -94,12 +94,14 @@ class Model:
         assert replayed.partitions == self.image.partitions
 
 
-def check_transition(old: PartitionState, new: PartitionState) -> None:
+def check_transition(old: PartitionState, new: PartitionState, new_incarnation: int | None = None) -> None:
     if new == old:
         return
     assert new.partition_epoch == old.partition_epoch + 1, "every change bumps the partition epoch once"
     if new.leader != old.leader:
         assert new.leader_epoch == old.leader_epoch + 1, "every leader change bumps the leader epoch"
+    elif old.leader >= 0 and old.leader == new_incarnation:
+        assert new.leader_epoch == old.leader_epoch + 1, "a new incarnation leads in a new leader epoch"
     else:
         assert new.leader_epoch == old.leader_epoch
 

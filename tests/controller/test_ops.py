@@ -68,8 +68,10 @@ def test_new_incarnation_leaves_every_isr_and_gets_a_larger_epoch() -> None:
     assert image.brokers[1].broker_epoch == 4 and image.brokers[1].port == 9011
     assert image.partitions[TP0] == PartitionState((1, 2, 3), (2, 3), 2, 1, 1)
     assert image.partitions[TP1] == PartitionState((2, 1), (2,), 2, 0, 1)
-    # the sole ISR member keeps leading (the ISR never empties)
-    assert image.partitions[TopicPartition("t", 2)] == PartitionState((1, 3), (1,), 1, 2, 2)
+    # the sole ISR member keeps leading (the ISR never empties), in a new leader epoch: its follower learns
+    # the new incarnation's address from the LeaderAndIsr
+    assert image.partitions[TopicPartition("t", 2)] == PartitionState((1, 3), (1,), 1, 3, 3)
+    assert {c.tp: c.reason for c in plan.changes}[TopicPartition("t", 2)] is ElectionReason.REREGISTRATION
 
 
 def test_registration_brings_an_offline_partition_back() -> None:
