@@ -218,11 +218,21 @@ class ReplicaManager:
                 return {"error": int(error), "partitions": []}
             self.controller_epoch = req.header.controller_epoch
             self.metadata.add_brokers(req.live_leaders)
-            self.metadata.update(req.header.controller_id, None, req.partition_states, req.topic_configs, [])
             results = []
+            applied = []
             for msg in req.partition_states:
-                code = await self._apply_partition_state(msg, req.topic_configs.get(msg.tp.topic, {}))
+                try:
+                    code = await self._apply_partition_state(msg, req.topic_configs.get(msg.tp.topic, {}))
+                except Exception as exc:  # one partition's failure must not leave the rest of the request unapplied
+                    log.exception("leader_and_isr_partition_failed", broker_id=self.broker_id, topic=msg.tp.topic,
+                                  partition=msg.tp.partition, error=str(exc))
+                    code = ErrorCode.UNKNOWN_SERVER_ERROR
+                if code is ErrorCode.NONE:
+                    applied.append(msg)
                 results.append({"topic": msg.tp.topic, "partition": msg.tp.partition, "error": int(code)})
+            # Only what was applied reaches the metadata clients see: a state refused as stale would name an
+            # old leader until the partition changes again (Kafka's LeaderAndIsr leaves the cache alone).
+            self.metadata.update(req.header.controller_id, None, applied, req.topic_configs, [])
         if self.fetcher is not None:
             await self.fetcher.shutdown_idle_fetchers()
         return {"error": 0, "partitions": results}
@@ -342,20 +352,25 @@ class ReplicaManager:
             if error is not ErrorCode.NONE:
                 return {"error": int(error), "partitions": []}
             self.controller_epoch = header.controller_epoch
-            self._stop_fetching([sp.tp for sp in parts])
+            fenced = {sp.tp for sp in parts if self._stop_is_fenced(sp)}
+            # Kafka's stopReplicas: only the partitions whose epoch check passed stop fetching.
+            self._stop_fetching([sp.tp for sp in parts if sp.tp not in fenced])
             results = []
             for sp in parts:
-                code = await self._stop_partition(sp)
+                code = ErrorCode.FENCED_LEADER_EPOCH if sp.tp in fenced else await self._stop_partition(sp)
                 results.append({"topic": sp.tp.topic, "partition": sp.tp.partition, "error": int(code)})
         if self.fetcher is not None:
             await self.fetcher.shutdown_idle_fetchers()
         return {"error": 0, "partitions": results}
 
+    def _stop_is_fenced(self, sp: StopReplicaPartition) -> bool:
+        """Kafka: -2 (EpochDuringDelete) and -1 (no epoch) always apply; otherwise the request's epoch must be
+        newer than the partition's (an equal one is refused too)."""
+        p = self.partitions.get(sp.tp)
+        return p is not None and sp.leader_epoch >= 0 and sp.leader_epoch <= p.state.leader_epoch
+
     async def _stop_partition(self, sp: StopReplicaPartition) -> ErrorCode:
         p = self.partitions.get(sp.tp)
-        # Kafka: -2 (EpochDuringDelete) and -1 (no epoch) always apply; otherwise the epoch must not be older.
-        if p is not None and sp.leader_epoch >= 0 and sp.leader_epoch < p.state.leader_epoch:
-            return ErrorCode.FENCED_LEADER_EPOCH
         if p is not None:
             self._restored_hws[sp.tp] = p.state.high_watermark
             del self.partitions[sp.tp]
@@ -627,8 +642,8 @@ class ReplicaManager:
                                        update_follower=first)
             results[tp] = res
             total += len(res["records"])
-            if res["error"]:
-                errored = True
+            if res["error"] or res.get("diverging_epoch"):
+                errored = True  # a follower told to truncate is answered at once (Kafka's hasDivergingEpoch)
         return results, total, errored
 
     def _read_partition(self, req: FetchRequest, tp: TopicPartition, fp: FetchPartitionRequest, budget: int,

@@ -206,7 +206,7 @@ class BrokerInfo:
 def _partition_states(body: Mapping[str, Any]) -> list[PartitionStateMsg]:
     out = []
     for p in map_items(list_field(body, "partition_states", []), "partition_states"):
-        out.append(PartitionStateMsg(
+        msg = PartitionStateMsg(
             tp=TopicPartition(topic_name(p), int_field(p, "partition", lo=0, hi=MAX_INT32)),
             leader=int_field(p, "leader", lo=-1, hi=MAX_INT32),
             leader_epoch=int_field(p, "leader_epoch", lo=-1, hi=MAX_INT32),
@@ -214,7 +214,11 @@ def _partition_states(body: Mapping[str, Any]) -> list[PartitionStateMsg]:
             partition_epoch=int_field(p, "partition_epoch", 0, lo=-1, hi=MAX_INT32),
             replicas=tuple(int_list(p, "replicas")),
             is_new=field(p, "is_new", bool, False),
-        ))
+        )
+        if msg.leader >= 0 and msg.leader_epoch < 0:
+            raise BadRequest(f"{msg.tp}: leader {msg.leader} with leader_epoch {msg.leader_epoch}: a named leader "
+                             "needs a leader epoch >= 0")
+        out.append(msg)
     return out
 
 

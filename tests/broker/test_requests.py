@@ -49,6 +49,33 @@ async def test_stale_controller_epoch_and_stale_partition_epoch(start_broker: St
     assert um["error"] == ErrorCode.STALE_CONTROLLER_EPOCH
 
 
+async def test_a_stale_leader_and_isr_leaves_the_metadata_clients_see(start_broker: StartBroker,
+                                                                      controller: FakeController,
+                                                                      rpc: RpcClient) -> None:
+    addr = await leader_broker(start_broker, controller)
+    older = (await controller.elect(TP, leader=1, replicas=[1])).state(TP)
+    await controller.elect(TP, leader=1, replicas=[1])
+    late = await controller.send_leader_and_isr(addr, [{**older, "leader": 2, "replicas": [1, 2], "isr": [2]}])
+    assert late["partitions"][0]["error"] == ErrorCode.STALE_CONTROLLER_EPOCH
+    md = await rpc.call(addr, "metadata", {"topics": [TP.topic]})
+    p = md["topics"][0]["partitions"][0]
+    assert (p["leader"], p["leader_epoch"]) == (1, controller.partitions[TP].leader_epoch)
+
+
+async def test_leader_and_isr_naming_a_leader_without_an_epoch_is_refused_whole(
+        start_broker: StartBroker, controller: FakeController, rpc: RpcClient) -> None:
+    """Leader epoch -1 with a named leader used to fail half-way (UNKNOWN_SERVER_ERROR, the partition
+    created without a role, later partitions unapplied)."""
+    b = await start_broker()
+    good = {"topic": "y", "partition": 0, "leader": 1, "leader_epoch": 0, "isr": [1], "partition_epoch": 0,
+            "replicas": [1]}
+    bad = {**good, "topic": "x", "leader_epoch": -1}
+    with pytest.raises(RpcBadRequest, match="leader epoch"):
+        await controller.send_leader_and_isr(b.address, [bad, good])
+    assert b.rm is not None and b.rm.partitions == {}
+    assert sorted(p.name for p in b.opts.data_dir.iterdir() if p.is_dir()) == []
+
+
 async def test_a_bad_topic_config_refuses_the_control_request_whole(start_broker: StartBroker,
                                                                      controller: FakeController,
                                                                      rpc: RpcClient) -> None:
@@ -163,6 +190,10 @@ async def test_diverging_epoch_for_follower(start_broker: StartBroker, controlle
     await controller.elect(TP, leader=1, replicas=[1, 2])  # epoch 1 from offset 3
     await rpc.call(b.address, "produce", produce_body(batch(3)))
     # follower claims epoch 0 up to offset 5: the leader's epoch 0 ended at 3
+    # at the leader's LEO with nothing to read, a long poll is still answered at once: it must truncate
+    f = part(await asyncio.wait_for(rpc.call(b.address, "fetch", fetch_body(
+        6, replica_id=2, broker_epoch=1, last_fetched_epoch=0, max_wait_ms=120_000)), timeout=30))
+    assert f["diverging_epoch"] == {"epoch": 0, "end_offset": 3} and f["records"] == b""
     f = part(await rpc.call(b.address, "fetch", fetch_body(5, replica_id=2, broker_epoch=1, last_fetched_epoch=0)))
     assert f["diverging_epoch"] == {"epoch": 0, "end_offset": 3} and f["records"] == b""
     f = part(await rpc.call(b.address, "fetch", fetch_body(3, replica_id=2, broker_epoch=1, last_fetched_epoch=0)))

@@ -49,3 +49,21 @@ async def test_follower_replicates_and_acks_all_completes(start_broker: StartBro
     assert [(h.base_offset, h.partition_leader_epoch) for _, h in iter_batches(data)] == [(0, 0), (3, 0), (5, 1)]
     async with aiohttp.ClientSession() as s, s.get(f"http://{b1.address}/metrics") as resp:
         assert "minibroker_fetcher_requests_total" in await resp.text()  # the fetcher's series on /metrics
+
+
+async def test_a_fenced_stop_replica_leaves_the_follower_fetching(start_broker: StartBroker,
+                                                                  controller: FakeController,
+                                                                  rpc: RpcClient) -> None:
+    """Kafka's stopReplicas stops fetching only the partitions whose epoch check passed: a StopReplica
+    refused with FENCED_LEADER_EPOCH (an older epoch, or the current one) must not stop replication."""
+    b1 = await start_broker(1)
+    b2 = await start_broker(2)
+    await controller.elect(TP, leader=2, replicas=[2, 1])
+    await controller.elect(TP, leader=2, replicas=[2, 1])  # leader epoch 1
+    assert b1.rm is not None and b2.rm is not None
+    for epoch in (0, 1):
+        stale = await controller.send_stop_replica(b1.address, TP, leader_epoch=epoch)
+        assert stale["partitions"][0]["error"] == ErrorCode.FENCED_LEADER_EPOCH
+    r = part(await rpc.call(b2.address, "produce", produce_body(batch(4))))
+    assert r["error"] == 0
+    await wait_until(lambda: b1.rm is not None and b1.rm.partitions[TP].log_end_offset == 4)
