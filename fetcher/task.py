@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -251,7 +251,7 @@ class FetcherTask:
                 continue
             epoch = state.last_fetched_epoch if state.last_fetched_epoch is not None else local.latest_epoch()
             if epoch is None:
-                self._truncate_without_epoch(tp, state, local)
+                self._guarded(tp, state, self._truncate_without_epoch, local)
                 continue
             requests[tp] = EpochRequest(state.current_leader_epoch, epoch)
             sent[tp] = state
@@ -267,8 +267,22 @@ class FetcherTask:
             if answer is None or answer.error is not ErrorCode.NONE:
                 self._park(tp, state, answer.error.name if answer else "missing_in_answer")
                 continue
-            self._apply_truncation(tp, state, local, answer.epoch_end, "offsets_for_leader_epoch")
+            self._guarded(tp, state, self._apply_truncation, local, answer.epoch_end, "offsets_for_leader_epoch")
         return 1
+
+    def _guarded(self, tp: TopicPartition, state: PartitionFetchState, truncation: Callable[..., None],
+                 *args: Any) -> None:
+        """A truncation whose failure (a log gone unusable) parks its own partition, still truncating, and
+        not the task: the fetch step after it serves every other partition of this leader. (Kafka marks
+        such a partition failed, ``AbstractFetcherThread.truncateToEpochEndOffsets``.)"""
+        try:
+            truncation(tp, state, *args)
+        except Exception as exc:
+            self._log.exception("fetcher_truncation_failed", topic=tp.topic, partition=tp.partition,
+                                leader_epoch=state.current_leader_epoch)
+            current = self._states.get(tp)
+            if current is not None:
+                self._park(tp, current.must_truncate(), exc.__class__.__name__, str(exc))
 
     def _truncate_without_epoch(self, tp: TopicPartition, state: PartitionFetchState, local: Any) -> None:
         """No local epoch: an empty log needs nothing; otherwise Kafka's truncate-to-HW fallback.
@@ -470,9 +484,9 @@ class FetcherTask:
             return
         by_end = decide_out_of_range_by_end(local.log_end_offset, latest.offset)
         if by_end is not None:
-            # Only an unclean election makes a leader shorter than an in-sync follower. Kafka exits the
-            # process when unclean election is disabled; we truncate (the leader's log is the truth
-            # now) and log it loudly, so the broker keeps serving its other partitions.
+            # Only an unclean election makes a leader shorter than an in-sync follower. Older Kafka halted
+            # the process here when unclean election was disabled; current Kafka
+            # (AbstractFetcherThread.fetchOffsetAndTruncate) warns and truncates, and so do we, loudly.
             self._log.error("follower_truncated_to_shorter_leader", topic=tp.topic, partition=tp.partition,
                             leader_epoch=state.current_leader_epoch, log_end_offset=local.log_end_offset,
                             leader_end_offset=latest.offset)

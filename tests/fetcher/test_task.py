@@ -650,3 +650,34 @@ async def test_batch_bounds_that_disagree_park_and_recheck_epochs(setup: Setup) 
     state = setup.task.fetch_state(TP)
     assert f.log_end_offset == 2
     assert state is not None and state.status is FetchStatus.TRUNCATING and state.is_parked(setup.clock.monotonic_ms())
+
+
+async def test_a_log_that_fails_during_truncation_parks_only_its_partition(setup: Setup) -> None:
+    """A follower log whose truncation fails (an I/O error) used to fail the whole step before the fetch,
+    every step: no partition of this leader replicated again. Now it is parked alone (Kafka's
+    truncateToEpochEndOffsets marks it failed) and the others are fetched."""
+    import os
+
+    broken, healthy = TopicPartition("a", 0), TopicPartition("b", 0)
+    la, fa = setup.log("leader", broken), setup.log("follower", broken)
+    lb, fb = setup.log("leader", healthy), setup.log("follower", healthy)
+    write(la, 0, 1, setup.clock)
+    fa.append_as_follower(log_bytes(la))
+    write(fa, 0, 2, setup.clock)  # a tail the leader never had: the follower must truncate
+    write(la, 1, 2, setup.clock)
+    # the segment's descriptor now refers to a write-only /dev/null: reading it to find the cut fails
+    write_only = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(write_only, fa.segments[-1].fd)
+    os.close(write_only)
+    write(lb, 0, 10, setup.clock)
+    setup.leader.lead(broken, la, 1)
+    setup.leader.lead(healthy, lb, 0)
+    setup.start(broken, fa, 1)
+    setup.start(healthy, fb, 0)
+    for _ in range(5):
+        await setup.task.do_work()
+        setup.clock.advance(2_000)  # past the backoff of anything parked
+    assert_identical(fb, lb)
+    state = setup.task.fetch_state(broken)
+    assert state is not None and state.status is FetchStatus.TRUNCATING
+    assert setup.follower.truncations == [] and setup.task.stats.partition_errors >= 1
