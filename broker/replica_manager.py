@@ -131,7 +131,9 @@ class ReplicaManager:
         p = self.partitions.get(tp)
         if p is None:
             return
-        hw = min(p.state.high_watermark, p.log_end_offset)
+        # Never above the LEO, never below the log start: a full truncation (the leader's log start above our
+        # end) restarts the log there, and Kafka's truncateFullyAndStartAt moves the HW with it.
+        hw = max(p.log_start_offset, min(p.state.high_watermark, p.log_end_offset))
         p.state = p.state._replace(high_watermark=hw)
         log.info("log_truncated", broker_id=self.broker_id, topic=tp.topic, partition=tp.partition,
                  leader_epoch=p.state.leader_epoch, offset=offset, log_end_offset=p.log_end_offset,

@@ -36,3 +36,24 @@ async def test_truncation_lowers_the_recovery_point_on_disk_at_once(tmp_path: Pa
     rm.on_follower_truncated(TP, 50, "test")
     assert checkpoint.read_offsets(tmp_path / RECOVERY_CHECKPOINT) == {TP: 50}
     await lm.close()
+
+
+async def test_a_full_truncation_moves_the_high_watermark_to_the_new_log_start(tmp_path: Path) -> None:
+    """A follower far behind the leader's log start restarts its log there (truncate fully); its HW follows
+    (Kafka's truncateFullyAndStartAt), never left below the log start it now has."""
+    from broker.requests import parse_leader_and_isr
+
+    clock = ManualClock(TS)
+    lm = LogManager(tmp_path, broker_config(), clock)
+    await lm.load()
+    rm = ReplicaManager(1, broker_config(), clock, lm, MetadataCache("c"), BrokerMetrics())
+    await rm.leader_and_isr(parse_leader_and_isr({
+        "controller_id": 100, "controller_epoch": 1, "broker_epoch": -1, "live_leaders": [],
+        "partition_states": [{"topic": TP.topic, "partition": 0, "leader": 2, "leader_epoch": 0, "isr": [2],
+                              "partition_epoch": 0, "replicas": [2, 1]}]}))
+    p = rm.partitions[TP]
+    assert p.state.high_watermark == 0
+    p.log.truncate_fully_and_start_at(114)  # what the fetcher does, then it tells the replica manager
+    rm.on_follower_truncated(TP, 114, "out_of_range:leader_start_above_local_end")
+    assert (p.log_start_offset, p.log_end_offset, p.state.high_watermark) == (114, 114, 114)
+    await lm.close()
