@@ -42,6 +42,9 @@ class ControllerLink:
         self._rpc = RpcClient(limit_per_host=4, timeout_s=timeout_s)
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        # Set once controlled shutdown begins; every heartbeat then says so (Kafka's wantShutDown), so a
+        # controller that restarted meanwhile, and forgot the shutdown, does not unfence this broker again.
+        self._want_shutdown = False
         self.registered = asyncio.Event()
 
     async def start(self) -> None:
@@ -61,7 +64,7 @@ class ControllerLink:
             if self._rm.broker_epoch < 0:
                 await self._register()
             else:
-                await self._heartbeat()
+                await self._heartbeat(self._want_shutdown)
             await asyncio.sleep(interval_s if self._rm.broker_epoch >= 0 else RETRY_BACKOFF_S * 5)
 
     def _liveness_timeout_s(self) -> float:
@@ -131,6 +134,7 @@ class ControllerLink:
         """Ask the controller to move leadership away; bounded by controlled.shutdown.max.wait.ms."""
         if self._rm.broker_epoch < 0 or not self._config.get_bool("controlled.shutdown.enable"):
             return False
+        self._want_shutdown = True
         deadline = self._clock.monotonic_ms() + self._config.get_int("controlled.shutdown.max.wait.ms")
         body = {"node_id": self._rm.broker_id, "broker_epoch": self._rm.broker_epoch}
         while self._clock.monotonic_ms() < deadline:

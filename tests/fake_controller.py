@@ -61,6 +61,7 @@ class FakeController:
     partitions: dict[TopicPartition, FakePartition] = field(default_factory=dict)
     alter_requests: list[dict[str, Any]] = field(default_factory=list)
     heartbeats: list[dict[str, Any]] = field(default_factory=list)
+    shutdown_remaining_answers: int = 0  # this many controlled_shutdown answers still name a partition
     shutdown_requests: list[dict[str, Any]] = field(default_factory=list)
     reject_alter: ErrorCode | None = None
     lose_alter_answers: int = 0  # apply this many AlterPartitions, then answer 503 as if the answer were lost
@@ -118,6 +119,8 @@ class FakeController:
 
     async def _controlled_shutdown(self, body: dict[str, Any]) -> dict[str, Any]:
         self.shutdown_requests.append(body)
+        if len(self.shutdown_requests) <= self.shutdown_remaining_answers:
+            return {"error": 0, "remaining_partitions": [{"topic": "t", "partition": 0}]}
         return {"error": 0, "remaining_partitions": []}
 
     async def _alter_partition(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -412,3 +412,19 @@ async def test_unregistered_broker_refuses_orders_carrying_a_broker_epoch(tmp_pa
         assert ok["error"] == 0
     finally:
         await proc.stop()
+
+
+async def test_heartbeats_say_shutdown_once_controlled_shutdown_begins(start_broker: StartBroker,
+                                                                       controller: FakeController) -> None:
+    """Kafka's wantShutDown: while the broker waits for its leaders to move, its heartbeats say it is
+    shutting down, so a controller that restarted meanwhile (and forgot) does not unfence it again."""
+    b = await start_broker()
+    for _ in range(300):  # bounded: 30 s
+        if controller.heartbeats:
+            break
+        await asyncio.sleep(0.1)
+    assert controller.heartbeats and not any(h["want_shutdown"] for h in controller.heartbeats)
+    controller.shutdown_remaining_answers = 8  # ~1.6 s of retries: several heartbeats meanwhile
+    await b.stop()
+    assert len(controller.shutdown_requests) > 8
+    assert any(h["want_shutdown"] for h in controller.heartbeats)
