@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,7 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
 def _run_broker(args: argparse.Namespace) -> int:
     from broker.process import BrokerOptions, DataDirError, check_meta, parse_host_port, run
     from common.config import broker_config, parse_assignments
+    from common.fsutil import DirLockedError, lock_dir
     from common.logging import configure, get_logger
     from common.memory import MMAP_THRESHOLD, TRIM_THRESHOLD, keep_large_buffers
 
@@ -73,12 +75,13 @@ def _run_broker(args: argparse.Namespace) -> int:
                      if args.advertise else None)
         opts = BrokerOptions(args.node_id, host, port, args.controller, args.data_dir, advertise, config)
         check_meta(args.data_dir, args.node_id)  # refuse another node's data dir before anything starts
+        os.close(lock_dir(args.data_dir, "broker"))  # and one in use (BrokerProcess.start takes it for good)
         configure("broker", args.node_id)
         tuned = keep_large_buffers()  # before the first large buffer: see common/memory.py
         get_logger("broker").info("allocator_thresholds", node_id=args.node_id, fixed=tuned,
                                   mmap_threshold=MMAP_THRESHOLD, trim_threshold=TRIM_THRESHOLD)
         return int(asyncio.run(run(opts)))
-    except DataDirError as exc:
+    except (DataDirError, DirLockedError) as exc:
         return _fail(str(exc))
     except OSError as exc:
         return _fail(f"broker: {exc}")

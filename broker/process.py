@@ -29,6 +29,7 @@ from broker.server import build_server
 from common.clock import Clock, SystemClock
 from common.config import Config
 from common.digits import parse_digits
+from common.fsutil import DirLockedError, lock_dir
 from common.hostport import split_host_port
 from common.logging import get_logger
 from common.wire import MAX_INT32
@@ -112,13 +113,31 @@ class BrokerProcess:
         self.rm: ReplicaManager | None = None
         self.link: ControllerLink | None = None
         self._runner: web.ServerRunner | None = None
+        self._lock_fd: int | None = None
         self.address = ""
 
     async def start(self) -> None:
+        o = self.opts
+        cluster_id = check_meta(o.data_dir, o.node_id)
+        try:
+            self._lock_fd = lock_dir(o.data_dir, "broker")
+        except DirLockedError as exc:
+            raise DataDirError(str(exc)) from None
+        try:
+            await self._start(cluster_id)
+        except BaseException:
+            self._unlock()
+            raise
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    async def _start(self, cluster_id: str) -> None:
         from fetcher.manager import ReplicaFetcherManager
 
         o = self.opts
-        cluster_id = check_meta(o.data_dir, o.node_id)
         factory = self._log_manager_factory
         if factory is None:
             from storage.log_manager import LogManager
@@ -162,6 +181,7 @@ class BrokerProcess:
         if rm is not None:
             await rm.shutdown()
             log.info("broker_stopped", broker_id=self.opts.node_id)
+        self._unlock()
 
 
 async def run(opts: BrokerOptions) -> int:

@@ -1,9 +1,31 @@
 """``mkdir -p`` that remembers what it made, so that a command which then fails can leave no directory
-of its own behind (``cluster up``, ``chaos run --out``, ``export --out``)."""
+of its own behind (``cluster up``, ``chaos run --out``, ``export --out``); the lock that gives a data
+directory to one process."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 from pathlib import Path
+
+LOCK_NAME = ".lock"
+
+
+class DirLockedError(Exception):
+    """Another process holds the directory's lock."""
+
+
+def lock_dir(path: Path, owner: str) -> int:
+    """Take ``path/.lock`` (``flock``, exclusive, not waiting) for this process and return its descriptor;
+    closing it (or exiting) releases the lock. ``DirLockedError`` when another process holds it: two
+    processes appending to one log, or one journal, would fork it (Kafka's ``LogManager.lockLogDirs``)."""
+    fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise DirLockedError(f"{path} is in use by another {owner} process") from None
+    return fd
 
 
 def make_dirs(path: Path) -> Path | None:

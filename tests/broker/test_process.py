@@ -56,6 +56,25 @@ def test_refuses_data_dir_of_another_node(tmp_path: Path) -> None:
     assert not (d / "endpoint").exists()
 
 
+async def test_refuses_a_data_dir_another_broker_process_uses(tmp_path: Path, procs: Procs,
+                                                               fc: FakeController) -> None:
+    """Two processes appending to one log would fork it: the data dir is locked (Kafka's lockLogDirs)."""
+    d = tmp_path / "b"
+    first = await start(procs, fc, d)
+    endpoint = (d / "endpoint").read_text()
+    r = subprocess.run([sys.executable, "-m", "cli.main", "broker", "--node-id", "1", "--listen", "127.0.0.1:0",
+                        "--controller", fc.address, "--data-dir", str(d)], cwd=REPO, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "in use by another broker process" in r.stderr
+    assert (d / "endpoint").read_text() == endpoint
+    rpc = RpcClient(timeout_s=10)
+    try:
+        assert (await rpc.get_json(first.address, "/v1/status"))["node_id"] == 1
+    finally:
+        await rpc.close()
+
+
 async def test_restart_restores_hw_and_logs(tmp_path: Path, procs: Procs, fc: FakeController) -> None:
     rpc = RpcClient(timeout_s=30)
     try:
