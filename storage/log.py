@@ -55,6 +55,7 @@ import asyncio
 import contextlib
 import mmap
 import os
+import secrets
 import shutil
 import struct
 from bisect import bisect_right
@@ -83,6 +84,7 @@ from storage.record_batch import (
 from storage.segment import BatchMeta, LogSegment, log_path, segment_base
 
 EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
+DELETED_DIR_SUFFIX = "-delete"  # a partition directory renamed for removal (Log.delete)
 _NEVER_MS = 2**63 - 1  # flush.ms default: no time-based flush
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
@@ -721,10 +723,18 @@ class Log:
                 seg.close()
 
     def delete(self) -> None:
-        """Close and remove the whole partition directory."""
+        """Close the log and remove its directory. The directory is first renamed to
+        ``<topic>-<partition>.<hex>-delete`` (Kafka's ``-delete`` suffix): the rename is atomic, so the live
+        name is either gone or this raises ``OSError`` (and a retry tries again). A removal that then fails
+        half-way leaves only a ``-delete`` directory, which ``LogManager.load`` removes; never files under the
+        live name that a topic re-created with that name would open as its own."""
         self._close_segments()
-        shutil.rmtree(self.dir, ignore_errors=True)
         self._failed = "deleted"
+        if self.dir.exists():
+            doomed = self.dir.with_name(f"{self.dir.name}.{secrets.token_hex(8)}{DELETED_DIR_SUFFIX}")
+            os.rename(self.dir, doomed)
+            checkpoint.fsync_dir(self.dir.parent)
+            shutil.rmtree(doomed, ignore_errors=True)
         self._log.info("log_deleted")
 
     def _check_usable(self) -> None:

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -34,12 +36,13 @@ from common.config import Config
 from common.logging import get_logger
 from common.wire import TopicPartition
 from storage import checkpoint
-from storage.log import Log, LogConfig, StorageError, parse_topic_partition
+from storage.log import DELETED_DIR_SUFFIX, Log, LogConfig, StorageError, parse_topic_partition
 
 HW_CHECKPOINT = "replication-offset-checkpoint"
 RECOVERY_CHECKPOINT = "recovery-point-offset-checkpoint"
 LOG_START_CHECKPOINT = "log-start-offset-checkpoint"
 TICK_S = 1.0
+DELETED_DIR_RE = re.compile(r"^.+-\d+\.[0-9a-f]{16}" + re.escape(DELETED_DIR_SUFFIX) + "$", re.ASCII)
 
 log = get_logger("storage.log_manager")
 
@@ -67,6 +70,9 @@ class LogManager:
         starts = self._read_checkpoint(LOG_START_CHECKPOINT)
         default = LogConfig.from_config(self.config)
         for path in sorted(self.data_dir.iterdir()):
+            if path.is_dir() and DELETED_DIR_RE.match(path.name):
+                await asyncio.to_thread(shutil.rmtree, path, True)  # a deletion that did not finish
+                continue
             try:
                 tp = parse_topic_partition(path)
             except ValueError:
@@ -114,10 +120,13 @@ class LogManager:
             del self._creating[tp]
 
     async def delete_log(self, tp: TopicPartition) -> None:
-        doomed = self._logs.pop(tp, None)
+        """Remove the partition's log; on ``OSError`` it stays listed (closed, unusable) so that a retry
+        deletes it, rather than answering success over a directory still under its live name."""
+        doomed = self._logs.get(tp)
         if doomed is None:
             return
         await asyncio.to_thread(doomed.delete)
+        del self._logs[tp]
         self.checkpoint_recovery_points_and_log_starts()
 
     # ---- checkpoints ---------------------------------------------------------------------------------------

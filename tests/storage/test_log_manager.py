@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from common.clock import ManualClock
 from common.config import broker_config
 from common.wire import TopicPartition
@@ -130,3 +132,51 @@ async def test_checkpoint_writes_from_several_threads_do_not_collide(tmp_path: P
     assert checkpoint.read_offsets(tmp_path / HW_CHECKPOINT)[A] in (1, 2, 3)
     await lm.close()
 
+
+
+async def test_a_deleted_log_leaves_nothing_a_recreated_topic_would_open(tmp_path: Path) -> None:
+    """The directory is renamed out of its live name before it is removed (Kafka's -delete suffix); a
+    removal cut short leaves a -delete directory, which the next load removes and never opens."""
+    clock = ManualClock(TS)
+    mgr = LogManager(tmp_path, broker_config(), clock)
+    await mgr.load()
+    lg = await mgr.get_or_create_log(A, LogConfig())
+    lg.append_as_leader(batch(3), 1)
+    await mgr.delete_log(A)
+    assert mgr.get_log(A) is None and sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == []
+    # what a crash half-way through a removal leaves: the renamed directory with its files
+    leftover = tmp_path / f"{A}.0123456789abcdef-delete"
+    leftover.mkdir()
+    (leftover / "00000000000000000000.log").write_bytes(b"old records")
+    await mgr.close()
+    mgr = LogManager(tmp_path, broker_config(), clock)
+    await mgr.load()
+    assert mgr.logs() == {} and not leftover.exists()
+    again = await mgr.get_or_create_log(A, LogConfig())
+    assert (again.log_start_offset, again.log_end_offset) == (0, 0)
+    await mgr.close()
+
+
+async def test_a_delete_that_cannot_rename_fails_and_is_retried(tmp_path: Path) -> None:
+    """A failed deletion raises (StopReplica answers KAFKA_STORAGE_ERROR, the controller retries) and the log
+    stays listed, so the retry deletes it; it used to be dropped from the map and reported deleted while
+    its directory stayed under the live name."""
+    import subprocess
+
+    clock = ManualClock(TS)
+    data = tmp_path / "data"
+    mgr = LogManager(data, broker_config(), clock)
+    await mgr.load()
+    (await mgr.get_or_create_log(A, LogConfig())).append_as_leader(batch(3), 1)
+    # an immutable data dir: nothing in it can be renamed, not even by root
+    if subprocess.run(["chattr", "+i", str(data)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here")
+    try:
+        with pytest.raises(OSError):
+            await mgr.delete_log(A)
+        assert mgr.get_log(A) is not None and (data / str(A)).is_dir()
+    finally:
+        subprocess.run(["chattr", "-i", str(data)], check=True)
+    await mgr.delete_log(A)
+    assert mgr.get_log(A) is None and not (data / str(A)).exists()
+    await mgr.close()
