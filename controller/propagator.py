@@ -121,12 +121,10 @@ class BrokerSender:
 
     async def _send_round(self, reg: BrokerRegistration, work: _Pending) -> bool:
         try:
-            if work.stop:
-                if not await self._call(reg, "stop_replica", self._p.stop_replica_body(reg, work),
-                                        per_partition=True):
-                    return False
-                self._p.on_stopped(self.node_id, list(work.stop))
-            work.stop.clear()
+            # A StopReplica some partitions of which fail (a log that could not be deleted) does not hold up
+            # the LeaderAndIsr and UpdateMetadata behind it; only the failed partitions are retried, with the
+            # round's backoff (Kafka's TopicDeletionManager retries failed deletions on their own).
+            stopped = not work.stop or await self._stop(reg, work)
             if work.leader_and_isr:
                 body = self._p.leader_and_isr_body(reg, work.leader_and_isr)
                 if body["partition_states"] and not await self._call(reg, "leader_and_isr", body):
@@ -138,20 +136,40 @@ class BrokerSender:
         except RpcError as exc:
             log.info("propagation_failed", broker_id=self.node_id, error=str(exc))
             return False
+        if not stopped:
+            return False
         self.sent_ok += 1
         return True
 
-    async def _call(self, reg: BrokerRegistration, api: str, body: dict[str, Any], *,
-                    per_partition: bool = False) -> bool:
-        """True when acknowledged; with ``per_partition`` every partition must have succeeded too
-        (a StopReplica whose log deletion failed is retried)."""
+    async def _stop(self, reg: BrokerRegistration, work: _Pending) -> bool:
+        """Send the StopReplica; the partitions the broker confirmed leave ``work.stop`` (and are reported
+        stopped), the failed ones stay. True when none is left."""
+        body = self._p.stop_replica_body(reg, work)
+        resp = await self._p.transport.call(reg.address, "stop_replica", body, timeout_s=RPC_TIMEOUT_S)
+        if not self._acknowledged(reg, "stop_replica", resp, body):
+            return False
+        failed = {(p.get("topic"), p.get("partition")) for p in resp.get("partitions") or []
+                  if isinstance(p, dict) and p.get("error")}
+        if failed:
+            log.warning("propagation_partition_errors", broker_id=self.node_id, api="stop_replica",
+                        partitions=sorted(failed, key=str)[:5])
+        done = [tp for tp in work.stop if (tp.topic, tp.partition) not in failed]
+        for tp in done:
+            del work.stop[tp]
+        # a deletion is confirmed per topic and broker: only topics with no partition left to stop here
+        left = {tp.topic for tp in work.stop}
+        confirmed = [tp for tp in done if tp.topic not in left]
+        if confirmed:
+            self._p.on_stopped(self.node_id, confirmed)
+        return not work.stop
+
+    async def _call(self, reg: BrokerRegistration, api: str, body: dict[str, Any]) -> bool:
+        """True when acknowledged."""
         resp = await self._p.transport.call(reg.address, api, body, timeout_s=RPC_TIMEOUT_S)
+        return self._acknowledged(reg, api, resp, body)
+
+    def _acknowledged(self, reg: BrokerRegistration, api: str, resp: dict[str, Any], body: dict[str, Any]) -> bool:
         error = ErrorCode.of(int(resp.get("error", 0) or 0))
-        if error is ErrorCode.NONE and per_partition:
-            failed = [p for p in resp.get("partitions") or [] if isinstance(p, dict) and p.get("error")]
-            if failed:
-                log.warning("propagation_partition_errors", broker_id=self.node_id, api=api, partitions=failed[:5])
-                return False
         if error is ErrorCode.NONE:
             return True
         log.warning("propagation_refused", broker_id=self.node_id, api=api, error=error.name,

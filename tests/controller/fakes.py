@@ -20,6 +20,7 @@ class FakeBroker:
         self.fail_next = 0  # answer this many requests with HTTP 503
         self.hang = False  # never answer (a paused process): the controller must not wait on it
         self.controller_epoch = -1
+        self.stop_errors: dict[tuple[str, int], int] = {}  # StopReplica answers these partitions with this error
         self.epochs: dict[tuple[str, int], tuple[int, int]] = {}  # (leader_epoch, partition_epoch)
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -59,6 +60,9 @@ class FakeBroker:
                 if not error:
                     self.epochs[key] = new
                 partitions.append({"topic": ps["topic"], "partition": ps["partition"], "error": error})
+            for sp in body.get("partitions", []) if api == "stop_replica" else []:
+                error = self.stop_errors.get((sp["topic"], sp["partition"]), 0)
+                partitions.append({"topic": sp["topic"], "partition": sp["partition"], "error": error})
             return web.Response(body=encode({"error": 0, "partitions": partitions}), content_type=CONTENT_TYPE)
         return handle
 

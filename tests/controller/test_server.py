@@ -337,6 +337,26 @@ async def test_delete_topic_sends_stop_replica(h: Harness) -> None:
     assert await h.create("t", 1, 1) == 0  # the name can be used again
 
 
+async def test_a_failing_stop_replica_holds_up_nothing_else(h: Harness) -> None:
+    """One partition whose deletion keeps failing on a broker is retried alone: the LeaderAndIsr of a new
+    topic still reaches that broker, and the topic's deletion is confirmed only when that partition's is."""
+    fb = await h.add_broker(1)
+    assert await h.create("t", 2, 1) == 0
+    fb.stop_errors[("t", 0)] = int(ErrorCode.KAFKA_STORAGE_ERROR)
+    assert (await h.call("delete_topics", {"topics": ["t"]}))["topics"][0]["error"] == 0
+
+    def stops() -> list[list[int]]:
+        return [sorted(p["partition"] for p in body["partitions"]) for a, body in fb.received if a == "stop_replica"]
+
+    await eventually(lambda: len(stops()) >= 2, what="a retried StopReplica")
+    assert stops()[0] == [0, 1] and stops()[1] == [0]  # only the failed partition is asked again
+    assert await h.create("new", 1, 1) == 0
+    await eventually(lambda: fb.latest("new", 0) is not None, what="LeaderAndIsr for new-0")
+    assert h.c.image.deleting == {"t": {1: (0, 1)}}  # not confirmed while t-0 is not deleted
+    fb.stop_errors.clear()
+    await eventually(lambda: not h.c.image.deleting, what="the deletion confirmed once it succeeds")
+
+
 async def test_delete_waits_for_every_replica_even_across_restarts(h: Harness) -> None:
     for b in (1, 2):
         await h.add_broker(b)
