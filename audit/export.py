@@ -33,9 +33,24 @@ place only when every table and the manifest are written: a failed export
 leaves ``--out`` as it was (absent if it was absent).
 
 LEO is the next offset after the last readable batch (the base offset of the
-last segment when it is empty). Log start is the checkpoint's value, else the
-first segment's base offset. The latest epoch is the leader-epoch cache's last
-entry, else the last batch's epoch.
+last segment when it is empty). Log start is computed as ``storage.log`` does
+when it opens the log: the checkpoint's value (else the first segment's base
+offset), but never below the first segment's base offset (retention deleted
+segments and the broker died before it rewrote the checkpoint) nor above the
+LEO. The latest epoch is the leader-epoch cache's last entry, else the last
+batch's epoch.
+
+Controller metadata: given a cluster directory, its ``controller/`` data dir
+(``metadata.snapshot`` + ``metadata.journal``) is replayed read-only with
+``controller.journal.read_image`` (no lock: a running controller may hold it;
+a torn tail is left out, never truncated; nothing is written) into the
+``assignments`` table. Damaged metadata is a ``bad_metadata`` damage row and
+the export has no metadata then; the manifest's ``metadata_note`` says why an
+export has none.
+
+History: several files in one ``--history`` directory get their process names
+prefixed with the file's stem (``history-rerun:c0``), since each run numbers
+its clients and their ``seq`` from 0 again.
 """
 
 from __future__ import annotations
@@ -59,6 +74,8 @@ from common.digits import parse_digits
 from common.fsutil import make_dirs, remove_empty_dirs
 from common.logging import get_logger
 from common.wire import TopicPartition
+from controller.journal import JOURNAL_NAME, SNAPSHOT_NAME, read_image
+from controller.state import MetadataImage
 from storage.checkpoint import CheckpointError, read_epochs, read_offsets, read_properties
 from storage.record_batch import (
     HEADER_SIZE,
@@ -79,6 +96,7 @@ LOG_START_CHECKPOINT = "log-start-offset-checkpoint"
 EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 SEGMENT_RE = re.compile(r"^(\d{20})\.log$", re.ASCII)
 PARTITION_DIR_RE = re.compile(r"^(.+)-(\d+)$", re.ASCII)
+CONTROLLER_DIR = "controller"  # the controller's data dir in a cluster directory (cli.cluster.plan)
 BROKER_DIR_RE = re.compile(r"^broker-(\d+)$", re.ASCII)
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -97,7 +115,7 @@ class BrokerDir:
 
 @dataclass(frozen=True, slots=True)
 class Damage:
-    broker: int
+    broker: int | None  # None: the controller's metadata
     tp: TopicPartition | None
     file: Path
     position: int
@@ -121,12 +139,16 @@ class ExportSummary:
     sends: int = 0
     polls: int = 0
     history_files: list[str] = field(default_factory=list)
+    assignments: int | None = None  # partitions in the controller's metadata; None without metadata
+    metadata_note: str = ""
 
     def lines(self) -> list[str]:
         return [f"exported {self.records} records of {self.replicas} replicas on brokers "
                 f"{', '.join(map(str, self.brokers)) or '-'} to {self.out}",
                 f"history: {self.sends} sends, {self.polls} polls from "
                 f"{', '.join(self.history_files) or 'no history file'}",
+                f"controller metadata: {self.assignments} partition assignments" if self.assignments is not None
+                else self.metadata_note,
                 f"damaged regions: {self.damaged} (torn tails: {self.torn_tails})"
                 + (" -- see damaged.parquet" if self.damaged else "")]
 
@@ -386,6 +408,15 @@ def read_checkpoints(b: BrokerDir, damage: list[Damage]) -> Checkpoints:
     return Checkpoints(one(HW_CHECKPOINT), one(RECOVERY_CHECKPOINT), one(LOG_START_CHECKPOINT))
 
 
+def _log_start(checkpointed: int | None, first_base: int | None, leo: int) -> int:
+    """The log start as the broker computes it when it opens the log (``storage.log``): the checkpoint's
+    value, but never below the first segment's base (retention deleted segments and the broker died before
+    it rewrote the checkpoint) nor above the LEO."""
+    if first_base is None:
+        return checkpointed if checkpointed is not None else 0
+    return min(max(checkpointed if checkpointed is not None else first_base, first_base), leo)
+
+
 def replica_row(b: BrokerDir, scan: ReplicaScan, pdir: Path, cps: Checkpoints) -> dict[str, Any]:
     epochs: list[dict[str, int]] = []
     try:
@@ -394,13 +425,71 @@ def replica_row(b: BrokerDir, scan: ReplicaScan, pdir: Path, cps: Checkpoints) -
         scan.damage.append(Damage(b.broker_id, scan.tp, pdir / EPOCH_CHECKPOINT, 0, "bad_checkpoint", str(exc)))
     latest = epochs[-1]["epoch"] if epochs else (scan.last_epoch if scan.last_epoch is not None else -1)
     leo = scan.next_offset if scan.next_offset is not None else 0
-    log_start = cps.log_start.get(scan.tp, scan.first_base if scan.first_base is not None else 0)
+    log_start = _log_start(cps.log_start.get(scan.tp), scan.first_base, leo)
     return {"broker": b.broker_id, "topic": scan.tp.topic, "partition": scan.tp.partition,
             "data_dir": str(b.path), "high_watermark": cps.hw.get(scan.tp, -1), "log_end_offset": leo,
             "log_start_offset": log_start, "recovery_point": cps.recovery.get(scan.tp, -1),
             "latest_epoch": latest, "epoch_cache": epochs, "segments": scan.segments, "batches": scan.batches,
             "records": scan.records,
             "damaged": any(d.kind not in schema.INFORMATIONAL_DAMAGE for d in scan.damage)}
+
+
+# ---------------------------------------------------------------- controller metadata
+
+@dataclass(frozen=True, slots=True)
+class Metadata:
+    """The controller's partition assignments, or why the export has none."""
+
+    assignments: list[dict[str, Any]] | None
+    note: str = ""  # why ``assignments`` is None
+    damage: list[Damage] = field(default_factory=list)
+    sources: list[Path] = field(default_factory=list)
+
+
+def find_controller_dirs(paths: list[Path]) -> tuple[list[Path], str]:
+    """The controller data dirs (``controller/`` with a snapshot or a journal) of the cluster directories
+    among ``paths``; when there is none, why."""
+    clusters = [p for p in paths if p.is_dir() and not (p / META_FILE).is_file()]
+    if not clusters:
+        return [], "no controller metadata: broker data dirs were given, not a cluster dir"
+    found = [p / CONTROLLER_DIR for p in clusters
+             if any((p / CONTROLLER_DIR / name).is_file() for name in (SNAPSHOT_NAME, JOURNAL_NAME))]
+    if not found:
+        return [], (f"no controller metadata: no {CONTROLLER_DIR}/{SNAPSHOT_NAME} or {JOURNAL_NAME} in "
+                    + ", ".join(map(str, clusters)))
+    return found, ""
+
+
+def assignment_rows(image: MetadataImage) -> list[dict[str, Any]]:
+    """One row per partition; ``ValueError`` for a number that does not fit its int32 column."""
+    rows = []
+    for tp, st in sorted(image.partitions.items()):
+        numbers = [tp.partition, st.leader, st.leader_epoch, *st.replicas, *st.isr]
+        if not all(isinstance(n, int) and _int32(n) for n in numbers):
+            raise ValueError(f"partition {tp.topic}-{tp.partition}: a number beyond int32 in {st}")
+        rows.append({"topic": tp.topic, "partition": tp.partition, "replicas": list(st.replicas),
+                     "isr": list(st.isr), "leader": st.leader, "leader_epoch": st.leader_epoch})
+    return rows
+
+
+def load_metadata(paths: list[Path]) -> Metadata:
+    """The assignments of the controllers of the cluster directories among ``paths``, read-only
+    (``controller.journal.read_image``: no lock, a running controller's torn tail is left alone). Damaged
+    metadata is a ``bad_metadata`` damage row and no assignments, never an error."""
+    dirs, note = find_controller_dirs(paths)
+    rows: list[dict[str, Any]] = []
+    damage: list[Damage] = []
+    for d in dirs:
+        try:
+            rows += assignment_rows(read_image(d))
+        except Exception as exc:  # whatever replaying damaged metadata raises is damage, never fatal
+            damage.append(Damage(None, None, d, 0, "bad_metadata", f"{type(exc).__name__}: {exc}"))
+            log.warning("export_damage_found", file=str(d), kind="bad_metadata", error=str(exc))
+    if damage:
+        return Metadata(None, "controller metadata unreadable (see damaged_files)", damage, dirs)
+    if not dirs:
+        return Metadata(None, note)
+    return Metadata(rows, sources=dirs)
 
 
 # ---------------------------------------------------------------- export
@@ -525,6 +614,17 @@ class HistoryRows:
     files: list[str]
 
 
+def process_prefixes(files: list[Path]) -> dict[Path, str]:
+    """What to put before each file's process names: nothing for one file; ``<stem>:`` (the file's name
+    when stems collide) when several are merged, since each run names its clients ``p0``, ``c0``, ... from
+    ``seq`` 0 again and the merged processes would otherwise interleave (false non-monotonic polls)."""
+    if len(files) < 2:
+        return {f: "" for f in files}
+    stems = [f.stem for f in files]
+    unique = len(set(stems)) == len(stems)
+    return {f: f"{f.stem if unique else f.name}:" for f in files}
+
+
 def load_history(history: Path | None) -> HistoryRows | None:
     """The history's rows for ``sends`` and ``polls``; None without ``--history``."""
     if history is None:
@@ -536,15 +636,17 @@ def load_history(history: Path | None) -> HistoryRows | None:
         raise ExportError(f"--history {history}: no file whose name contains 'history'")
     sends: list[dict[str, Any]] = []
     polls: list[dict[str, Any]] = []
+    prefixes = process_prefixes(files)
     for path in files:
         try:
             h = read_history(path)
         except (HistoryFormatError, OSError) as exc:
             raise ExportError(f"bad history: {exc}") from None
-        sends += [{"process": s.process, "seq": s.seq, "topic": s.topic, "partition": s.partition,
+        prefix = prefixes[path]
+        sends += [{"process": prefix + s.process, "seq": s.seq, "topic": s.topic, "partition": s.partition,
                    "offset": s.offset, "key": _utf8(s.key), "value": _utf8(s.value), "outcome": s.outcome.value,
                    "error": s.error, "start_ms": s.start_ms, "time_ms": s.time_ms} for s in h.sends]
-        polls += [{"process": p.process, "seq": p.seq, "topic": p.topic, "partition": p.partition,
+        polls += [{"process": prefix + p.process, "seq": p.seq, "topic": p.topic, "partition": p.partition,
                    "offset": p.offset, "key": _utf8(p.key), "value": _utf8(p.value), "time_ms": p.time_ms}
                   for p in h.polls]
     return HistoryRows(sends, polls, [str(f) for f in files])
@@ -557,8 +659,9 @@ def export(data_dirs: list[Path], out: Path, *, history: Path | None = None,
     try:
         brokers = discover_broker_dirs(data_dirs)
         rows = load_history(history)  # before touching --out: a bad history changes nothing
+        metadata = load_metadata(data_dirs)
         with staged_out(out) as tmp:
-            summary = _write_export(brokers, rows, tmp, clock)
+            summary = _write_export(brokers, rows, metadata, tmp, clock)
     except OSError as exc:
         raise ExportError(f"export to {out} failed: {exc}") from None
     summary.out = out
@@ -567,22 +670,26 @@ def export(data_dirs: list[Path], out: Path, *, history: Path | None = None,
     return summary
 
 
-def _write_export(brokers: list[BrokerDir], rows: HistoryRows | None, out: Path,
+def _write_export(brokers: list[BrokerDir], rows: HistoryRows | None, metadata: Metadata, out: Path,
                   clock: Clock | None) -> ExportSummary:
     summary = ExportSummary(out=out)
     summary.sends = schema.write_table(out, "sends", rows.sends if rows else [])
     summary.polls = schema.write_table(out, "polls", rows.polls if rows else [])
     summary.history_files = rows.files if rows else []
-    damage = export_brokers(brokers, out, summary)
+    assignments = schema.write_table(out, "assignments", metadata.assignments or [])
+    summary.assignments = assignments if metadata.assignments is not None else None
+    summary.metadata_note = metadata.note
+    damage = export_brokers(brokers, out, summary) + metadata.damage
     root = Path(os.path.commonpath([str(b.path.resolve()) for b in brokers]))
     schema.write_table(out, "damaged", [d.row(root) for d in damage])
     summary.damaged = sum(d.kind not in schema.INFORMATIONAL_DAMAGE for d in damage)
     summary.torn_tails = len(damage) - summary.damaged
     schema.write_manifest(out, {
         "has_history": rows is not None, "brokers": summary.brokers,
-        "sources": [str(b.path) for b in brokers] + summary.history_files,
+        "has_metadata": metadata.assignments is not None, "metadata_note": metadata.note,
+        "sources": [str(b.path) for b in brokers] + [str(d) for d in metadata.sources] + summary.history_files,
         "counts": {"records": summary.records, "replicas": summary.replicas, "damaged": len(damage),
-                   "sends": summary.sends, "polls": summary.polls},
+                   "sends": summary.sends, "polls": summary.polls, "assignments": assignments},
         "created_ms": (clock or SystemClock()).now_ms(),
     })
     return summary

@@ -15,10 +15,14 @@ out of the tables but tolerated, so the writer may add context)::
      "key": "k17", "value": "p3-17", "time_ms": 1700000000050}
     {"type": "nemesis", "time_ms": 1700000000100, "fault": "kill", "target": "broker-2", "detail": "..."}
 
-- ``process`` names one logical client. A consumer that repositions (a reset
-  after OFFSET_OUT_OF_RANGE, a restart) continues under a new process name:
-  the audit checks that the offsets one process reads on one partition only
-  move forward by one, as Jepsen's Kafka workload does.
+- ``process`` names one logical client: the audit checks that the offsets one
+  process reads on one partition only move forward by one, as Jepsen's Kafka
+  workload does, so a client that repositions on purpose (a seek, a restart)
+  should continue under a new process name. The chaos consumer (``c0``) keeps
+  its name through the client's own reset after OFFSET_OUT_OF_RANGE, which
+  happens only when records it was positioned on vanished: the audit then
+  reports ``non_monotonic_polls``, on purpose. When the export merges several
+  history files, it prefixes each file's process names with the file's stem.
 - ``seq`` orders the events of one process (``time_ms`` may tie).
 - ``outcome`` is ``ok`` (acknowledged with acks=all; ``partition`` and
   ``offset`` are the acknowledged position), ``fail`` (definitely not written,
@@ -26,6 +30,7 @@ out of the tables but tolerated, so the writer may add context)::
   timeout or a connection lost after sending; the record may or may not be in
   the log). ``error`` is a short text for ``fail``/``info``.
 - ``key`` and ``value`` are UTF-8 text (the bytes the producer sent), or null.
+  A null ``key`` is not compared by the audit (the chaos workload records none).
 - Integers must fit a signed 64-bit integer (``partition`` 32-bit), the Parquet
   columns they end up in; text must be valid Unicode (no lone surrogate such as
   ``"\\ud800"``).

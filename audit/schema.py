@@ -8,12 +8,18 @@ This module is the contract between ``audit.export`` (which writes) and
 ``damaged.parquet``   one row per damaged file region (bad CRC, torn tail, ...)
 ``sends.parquet``     workload history: one row per produce attempt
 ``polls.parquet``     workload history: one row per record a consumer read
-``manifest.json``     ``{"format_version", "has_history", "brokers", "counts", "sources"}``
+``assignments.parquet`` the controller's assignment: one row per partition (its replicas, ISR, leader);
+                      present when the export read controller metadata (``has_metadata``), optional
+                      otherwise: exports made before it existed have none, and the audit skips the
+                      checks that need it
+``manifest.json``     ``{"format_version", "has_history", "has_metadata", "metadata_note", "brokers",
+                      "counts", "sources"}``; ``metadata_note`` says why there is no metadata
 
 Conventions: offsets and times are int64 milliseconds/offsets; ``-1`` means
 unknown (an HW with no checkpoint entry); keys and values are the raw bytes
 (the history's UTF-8 text is encoded the same way the producer encodes it).
-``damaged.kind`` is one of ``DAMAGE_KINDS``; ``torn_tail`` (a partial batch at
+``damaged.kind`` is one of ``DAMAGE_KINDS`` (``bad_metadata``: the controller's journal or snapshot,
+with a null broker); ``torn_tail`` (a partial batch at
 the end of a segment, what a SIGKILL mid-write leaves and recovery truncates)
 is informational, every other kind is damage.
 """
@@ -91,6 +97,15 @@ SENDS_SCHEMA = pa.schema([
     ("time_ms", pa.int64()),
 ])
 
+ASSIGNMENTS_SCHEMA = pa.schema([
+    ("topic", pa.string()),
+    ("partition", pa.int32()),
+    ("replicas", pa.list_(pa.int32())),
+    ("isr", pa.list_(pa.int32())),
+    ("leader", pa.int32()),
+    ("leader_epoch", pa.int32()),
+])
+
 POLLS_SCHEMA = pa.schema([
     ("process", pa.string()),
     ("seq", pa.int64()),
@@ -108,9 +123,12 @@ TABLES: dict[str, pa.Schema] = {
     "damaged": DAMAGED_SCHEMA,
     "sends": SENDS_SCHEMA,
     "polls": POLLS_SCHEMA,
+    "assignments": ASSIGNMENTS_SCHEMA,
 }
+OPTIONAL_TABLES = frozenset({"assignments"})  # required only when the manifest says ``has_metadata``
 
-DAMAGE_KINDS = ("torn_tail", "corrupt_batch", "bad_records", "unreadable", "bad_checkpoint", "bad_name")
+DAMAGE_KINDS = ("torn_tail", "corrupt_batch", "bad_records", "unreadable", "bad_checkpoint", "bad_name",
+                "bad_metadata")
 INFORMATIONAL_DAMAGE = ("torn_tail",)
 
 MANIFEST = "manifest.json"
@@ -176,6 +194,8 @@ def read_manifest(export_dir: Path) -> dict[str, Any]:
     if not isinstance(body, dict) or body.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{path}: unsupported export format (want format_version {FORMAT_VERSION})")
     for name in TABLES:
+        if name in OPTIONAL_TABLES and not body.get("has_metadata"):
+            continue
         if not table_path(export_dir, name).is_file():
             raise ValueError(f"{export_dir} is incomplete: {name}.parquet is missing")
     return body

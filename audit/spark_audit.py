@@ -16,13 +16,21 @@ Kafka workload):
   id. After a chaos run heals and every ISR is full, it equals every replica.
   (Kafka has no offline notion of "the" log; this is the replica that holds
   the last leader's writes.)
+- *reference log*: the final log, plus, at offsets below the final replica's
+  log start that it no longer holds (retention), other replicas' records there.
+- an event *matches* a record at the same (topic, partition, offset) with the
+  same value and, when the history has a key, the same key.
 
 Checks, one result each:
 
-``lost_writes``          an acked send (outcome ok) whose value is not in the final log at its acked offset
-``inconsistent_offsets`` a (topic, partition, offset) with two values across committed replica
-                         records, the final log and polls
+``lost_writes``          an acked send (outcome ok) that matches no record of the reference log
+``inconsistent_offsets`` a (topic, partition, offset) with two values or two keys across committed replica
+                         records, the final log and polls (a poll without a key: its key is not compared)
 ``replica_divergence``   committed copies of one offset that differ in batch crc, leader epoch or batch base
+``epoch_forks``          copies of one offset in one leader epoch that differ in batch crc or base, over every
+                         record of every replica (committed or not): two leaders in one epoch (invariant 5)
+``missing_replicas``     a replica the controller assigned that the export has no replica row for (skipped
+                         without controller metadata; ``metadata_note`` in the manifest says why)
 ``duplicates``           one value at two offsets of the final log; a violation when both copies come from
                          the same idempotent producer id (Kafka's idempotence is per producer session),
                          otherwise only counted
@@ -32,23 +40,36 @@ Checks, one result each:
 ``hw_above_leo``         a replica whose HW checkpoint is above its log end offset
 ``non_monotonic_polls``  one consumer process reads an offset at or below its previous one on a partition
 ``skipped_polls``        one consumer process jumps over offsets on a partition
-``dirty_reads``          a polled value that is not in the final log of its partition
-``unseen_writes``        an acked send that is in the final log but no poll ever returned (run only when
-                         the history has polls)
-``damaged_files``        log regions the export could not read (torn tails are counted, not violations)
+``dirty_reads``          a poll that matches no record of the reference log
+``unseen_writes``        an acked send that matches the final log at or above its log start but that no poll
+                         returned (run only when the history has polls)
+``failed_writes_present`` a send recorded as ``fail`` whose value (and key) is in the final log of its topic,
+                         unless an ok/info send carried that value too
+``damaged_files``        log regions (or controller metadata) the export could not read (torn tails are
+                         counted, not violations)
 
 Checks that need the workload history are ``skipped`` without one. Lost writes
 and unseen writes are disjoint by construction (an acked value missing from
 the final log is lost, not unseen), so each anomaly is reported once.
+
+Counted, not violations (stats, and a note on the check they weaken):
+``replicas_without_hw`` (no HW entry: commits nothing, so ``replica_divergence``
+and ``inconsistent_offsets`` do not compare it; ``epoch_forks`` does), and
+``acked_below_log_start`` / ``polls_below_log_start`` (an offset no replica
+holds, below every replica's log start: retention deleted it, nothing can be
+checked).
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import operator
 import os
+import re
+import textwrap
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -151,6 +172,17 @@ class Tables:
     damaged: DataFrame
     sends: DataFrame
     polls: DataFrame
+    assignments: DataFrame
+
+
+ASSIGNMENTS_DDL = ("topic string, partition int, replicas array<int>, isr array<int>, leader int, "
+                   "leader_epoch int, export string")
+
+
+def glob_escape(path: str) -> str:
+    """``path`` with Hadoop's glob characters escaped: ``spark.read.parquet`` expands globs, so an export
+    under ``run[1]`` or ``{a,b}`` was not found (or, worse, another directory would have been)."""
+    return re.sub(r"([\\*?\[\]{}])", r"\\\1", path)
 
 
 def _normalise(path_or_uri: str) -> str:
@@ -161,17 +193,22 @@ def _normalise(path_or_uri: str) -> str:
 
 
 def load_tables(spark: SparkSession, export_dirs: list[Path]) -> Tables:
-    """All exports' tables, read together (one scan per table, whatever the number of exports)."""
+    """All exports' tables, read together (one scan per table, whatever the number of exports). The
+    optional ``assignments`` table is read from the exports that have it (empty if none has)."""
     from pyspark.sql import functions as F
 
     export_col = F.regexp_extract(F.col("_metadata.file_path"), r"^(.*)/[^/]*$", 1)
 
-    def read(name: str) -> DataFrame:
-        paths = [str(schema.table_path(d, name)) for d in export_dirs]
+    def read(name: str, dirs: list[Path]) -> DataFrame:
+        paths = [glob_escape(str(schema.table_path(d, name))) for d in dirs]
         return spark.read.parquet(*paths).withColumn("export", export_col)
 
-    return Tables(records=read("records"), replicas=read("replicas"), damaged=read("damaged"),
-                  sends=read("sends"), polls=read("polls"))
+    with_assignments = [d for d in export_dirs if schema.table_path(d, "assignments").is_file()]
+    assignments = (read("assignments", with_assignments) if with_assignments
+                   else spark.createDataFrame([], ASSIGNMENTS_DDL))
+    return Tables(records=read("records", export_dirs), replicas=read("replicas", export_dirs),
+                  damaged=read("damaged", export_dirs), sends=read("sends", export_dirs),
+                  polls=read("polls", export_dirs), assignments=assignments)
 
 
 def _vkey(col: str = "value") -> Column:
@@ -179,6 +216,19 @@ def _vkey(col: str = "value") -> Column:
     from pyspark.sql import functions as F
 
     return F.coalesce(F.sha2(F.col(col), 256), F.lit("<null>"))
+
+
+def _kkey(col: str = "key") -> Column:
+    """A log record's key fingerprint (a null key is a key too)."""
+    return _vkey(col)
+
+
+def _history_kkey() -> Column:
+    """A history event's key fingerprint, null when the history has no key: the key is then not compared
+    (the chaos workload records no keys)."""
+    from pyspark.sql import functions as F
+
+    return F.sha2(F.col("key"), 256)
 
 
 def _text(col: str) -> Column:
@@ -198,18 +248,41 @@ def committed_records(t: Tables) -> DataFrame:
 
 
 def authoritative_replicas(t: Tables) -> DataFrame:
-    """(export, broker, topic, partition) of the replica whose log is the partition's final log."""
+    """(export, broker, topic, partition, log_start_offset) of the replica whose log is the partition's
+    final log."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     w = Window.partitionBy(*KEYS).orderBy(F.col("damaged").asc(), F.col("latest_epoch").desc(),
                                           F.col("log_end_offset").desc(), F.col("broker").asc())
     return (t.replicas.withColumn("rank", F.row_number().over(w))
-            .where(F.col("rank") == 1).select(*REPLICA))
+            .where(F.col("rank") == 1).select(*REPLICA, "log_start_offset"))
 
 
-def final_log(t: Tables) -> DataFrame:
-    return t.records.join(authoritative_replicas(t), REPLICA)
+def final_log(t: Tables, authoritative: DataFrame) -> DataFrame:
+    """The authoritative replica's records, with its ``final_log_start``."""
+    return t.records.join(authoritative.withColumnRenamed("log_start_offset", "final_log_start"), REPLICA)
+
+
+def reference_log(t: Tables, final: DataFrame) -> DataFrame:
+    """What acked sends and polls are checked against: the final log, plus, at offsets below the final
+    replica's log start that it no longer holds (retention deleted them), every other replica's records
+    there. Offsets the final log holds are checked against it alone."""
+    from pyspark.sql import functions as F
+
+    cols = [*KEYS, "offset", "broker", "key", "value"]
+    starts = final.select(*KEYS, "final_log_start").distinct()
+    held = final.select(*KEYS, "offset").distinct()
+    older = (t.records.join(starts, KEYS).where(F.col("offset") < F.col("final_log_start"))
+             .join(held, [*KEYS, "offset"], "left_anti"))
+    return final.select(*cols).unionByName(older.select(*cols))
+
+
+def partition_log_starts(t: Tables) -> DataFrame:
+    """(export, topic, partition, min_log_start): below it, no replica can hold a record."""
+    from pyspark.sql import functions as F
+
+    return t.replicas.groupBy(*KEYS).agg(F.min("log_start_offset").alias("min_log_start"))
 
 
 # ---------------------------------------------------------------- checks
@@ -220,37 +293,77 @@ class Context:
     final: DataFrame
     committed: DataFrame
     acked: DataFrame
+    reference: DataFrame
+    log_starts: DataFrame
+
+
+def _matching(events: DataFrame, log: DataFrame, how: str) -> DataFrame:
+    """History events joined (``left_semi``/``left_anti``) with the log records at their (topic,
+    partition, offset) holding the same value and, when the event has a key, the same key."""
+    from pyspark.sql import functions as F
+
+    ev = events.withColumn("_vkey", _vkey()).withColumn("_hkey", _history_kkey())
+    rec = log.select(*[F.col(k).alias(f"_r_{k}") for k in [*KEYS, "offset"]],
+                     _vkey().alias("_r_vkey"), _kkey().alias("_r_kkey"))
+    cond = reduce(operator.and_, [F.col(k) == F.col(f"_r_{k}") for k in [*KEYS, "offset"]])
+    same_key = F.col("_hkey").isNull() | (F.col("_hkey") == F.col("_r_kkey"))
+    cond = cond & (F.col("_vkey") == F.col("_r_vkey")) & same_key
+    return ev.join(rec, cond, how).drop("_vkey", "_hkey")
+
+
+def _unverified(c: Context, events: DataFrame) -> DataFrame:
+    """History events that match no reference record, with ``below_log_start``: no replica holds their
+    offset and it is below every replica's log start (retention deleted it), so nothing can be checked."""
+    from pyspark.sql import functions as F
+
+    held = c.reference.select(*KEYS, "offset").distinct().withColumn("_held", F.lit(True))
+    return (_matching(events, c.reference, "left_anti")
+            .join(held, [*KEYS, "offset"], "left").join(c.log_starts, KEYS, "left")
+            .withColumn("below_log_start", F.col("_held").isNull() & F.col("min_log_start").isNotNull()
+                        & (F.col("offset") < F.col("min_log_start")))
+            .drop("_held", "min_log_start"))
+
+
+def _found(c: Context) -> DataFrame:
+    """What the reference log holds at each offset (for evidence)."""
+    from pyspark.sql import functions as F
+
+    return (c.reference.groupBy(*KEYS, "offset")
+            .agg(F.min(_text("value")).alias("found_value"), F.min(_text("key")).alias("found_key"),
+                 F.min("broker").alias("found_broker")))
 
 
 def check_lost_writes(c: Context) -> DataFrame:
     from pyspark.sql import functions as F
 
-    acked = c.acked.withColumn("vkey", _vkey())
-    final = c.final.select(*KEYS, "offset", _vkey().alias("vkey"))
-    lost = acked.join(final, [*KEYS, "offset", "vkey"], "left_anti")
-    found = c.final.select(*KEYS, "offset", _text("value").alias("found_value"),
-                           F.col("broker").alias("final_broker"))
-    return (lost.join(found, [*KEYS, "offset"], "left")
-            .select("export", "process", "seq", "topic", "partition", "offset", _text("value").alias("value"),
-                    "found_value", "final_broker"))
+    lost = _unverified(c, c.acked).where(~F.col("below_log_start"))
+    return (lost.join(_found(c), [*KEYS, "offset"], "left")
+            .select("export", "process", "seq", "topic", "partition", "offset", _text("key").alias("key"),
+                    _text("value").alias("value"), "found_key", "found_value", "found_broker"))
+
+
+def acked_below_log_start(c: Context) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return _unverified(c, c.acked).where(F.col("below_log_start"))
 
 
 def check_inconsistent_offsets(c: Context) -> DataFrame:
     from pyspark.sql import functions as F
 
-    cols = [*KEYS, "offset", "value"]
+    def tagged(df: DataFrame, tag: str, col: str, key: Column) -> DataFrame:
+        return df.select(*KEYS, "offset", "key", "value", key.alias("kkey"),
+                         F.concat(F.lit(tag), F.col(col).cast("string")).alias("source"))
 
-    def tagged(df: DataFrame, tag: str, col: str) -> DataFrame:
-        return df.select(*cols, F.concat(F.lit(tag), F.col(col).cast("string")).alias("source"))
-
-    observed = (tagged(c.committed, "replica:", "broker")
-                .unionByName(tagged(c.final, "final:", "broker"))
-                .unionByName(tagged(c.t.polls, "poll:", "process")))
+    observed = (tagged(c.committed, "replica:", "broker", _kkey())
+                .unionByName(tagged(c.final.drop("final_log_start"), "final:", "broker", _kkey()))
+                .unionByName(tagged(c.t.polls, "poll:", "process", _history_kkey())))  # a null poll key: not compared
     return (observed.groupBy(*KEYS, "offset")
-            .agg(F.countDistinct(_vkey()).alias("values"),
+            .agg(F.countDistinct(_vkey()).alias("values"), F.countDistinct("kkey").alias("keys"),
                  F.slice(F.array_sort(F.collect_set(_text("value"))), 1, 5).alias("distinct_values"),
+                 F.slice(F.array_sort(F.collect_set(_text("key"))), 1, 5).alias("distinct_keys"),
                  F.slice(F.array_sort(F.collect_set("source")), 1, 10).alias("sources"))
-            .where(F.col("values") > 1))
+            .where((F.col("values") > 1) | (F.col("keys") > 1)))
 
 
 def check_replica_divergence(c: Context) -> DataFrame:
@@ -262,6 +375,30 @@ def check_replica_divergence(c: Context) -> DataFrame:
                  F.array_sort(F.collect_list(F.struct("broker", "leader_epoch", "batch_crc",
                                                       "batch_base_offset"))).alias("copies"))
             .where(F.col("variants") > 1))
+
+
+def check_epoch_forks(c: Context) -> DataFrame:
+    """Copies of one offset written in one leader epoch that differ: two writers in that epoch (invariant
+    5). Over every record of every replica, committed or not: one leader writes per epoch, and followers
+    copy its batches, so this has no false positives (a deposed leader's tail is in an older epoch)."""
+    from pyspark.sql import functions as F
+
+    return (c.t.records.groupBy(*KEYS, "offset", "leader_epoch")
+            .agg(F.countDistinct(F.struct("batch_crc", "batch_base_offset")).alias("variants"),
+                 F.array_sort(F.collect_list(F.struct("broker", "batch_crc", "batch_base_offset")))
+                 .alias("copies"))
+            .where(F.col("variants") > 1))
+
+
+def check_missing_replicas(c: Context) -> DataFrame:
+    """A replica the controller assigned with no replica in the export (its data dir or partition dir is
+    gone). Runs only on exports with controller metadata, which come from a cluster dir: it is expected to
+    hold every broker of the cluster."""
+    from pyspark.sql import functions as F
+
+    assigned = c.t.assignments.select("export", "topic", "partition", F.explode("replicas").alias("broker"),
+                                      "replicas", "leader", "leader_epoch")
+    return assigned.join(c.t.replicas.select(*REPLICA), REPLICA, "left_anti")
 
 
 def duplicate_groups(c: Context) -> DataFrame:
@@ -360,19 +497,51 @@ def check_skipped_polls(c: Context) -> DataFrame:
 
 
 def check_dirty_reads(c: Context) -> DataFrame:
-    polls = c.t.polls.withColumn("vkey", _vkey())
-    final = c.final.select(*KEYS, _vkey().alias("vkey"))
-    return (polls.join(final, [*KEYS, "vkey"], "left_anti")
-            .select("export", "process", "seq", "topic", "partition", "offset", _text("value").alias("value")))
+    from pyspark.sql import functions as F
+
+    dirty = _unverified(c, c.t.polls).where(~F.col("below_log_start"))
+    return (dirty.join(_found(c), [*KEYS, "offset"], "left")
+            .select("export", "process", "seq", "topic", "partition", "offset", _text("key").alias("key"),
+                    _text("value").alias("value"), "found_key", "found_value"))
+
+
+def polls_below_log_start(c: Context) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return _unverified(c, c.t.polls).where(F.col("below_log_start"))
 
 
 def check_unseen_writes(c: Context) -> DataFrame:
-    acked = c.acked.withColumn("vkey", _vkey())
-    final = c.final.select(*KEYS, "offset", _vkey().alias("vkey"))
+    """Acked, in the final log at or above its log start (what a consumer can read), never polled."""
+    from pyspark.sql import functions as F
+
+    readable = c.final.where(F.col("offset") >= F.col("final_log_start"))
     read = c.t.polls.select(*KEYS, _vkey().alias("vkey"))
-    return (acked.join(final, [*KEYS, "offset", "vkey"], "left_semi")
+    return (_matching(c.acked, readable, "left_semi").withColumn("vkey", _vkey())
             .join(read, [*KEYS, "vkey"], "left_anti")
             .select("export", "process", "seq", "topic", "partition", "offset", _text("value").alias("value")))
+
+
+def check_failed_writes_present(c: Context) -> DataFrame:
+    """A send the client reported as a definite failure (``fail``) whose value (and key, when the history
+    has one) is in the final log of its topic. A value some other (ok or info) send also carried is not
+    counted: that send may have written it."""
+    from pyspark.sql import functions as F
+
+    sends = c.t.sends.where(F.col("value").isNotNull())
+    others = sends.where(F.col("outcome") != "fail").select("export", "topic", _vkey().alias("vkey"))
+    failed = (sends.where(F.col("outcome") == "fail")
+              .select("export", "process", "seq", "topic", "value", _vkey().alias("vkey"),
+                      _history_kkey().alias("hkey"))
+              .join(others, ["export", "topic", "vkey"], "left_anti"))
+    log = c.final.select(F.col("export").alias("_r_export"), F.col("topic").alias("_r_topic"),
+                         _vkey().alias("_r_vkey"), _kkey().alias("_r_kkey"),
+                         F.struct("partition", "offset").alias("at"))
+    cond = ((F.col("export") == F.col("_r_export")) & (F.col("topic") == F.col("_r_topic"))
+            & (F.col("vkey") == F.col("_r_vkey")) & (F.col("hkey").isNull() | (F.col("hkey") == F.col("_r_kkey"))))
+    return (failed.join(log, cond).groupBy("export", "process", "seq", "topic", "value")
+            .agg(F.array_sort(F.collect_list("at")).alias("found_at"))
+            .select("export", "process", "seq", "topic", _text("value").alias("value"), "found_at"))
 
 
 def check_damaged_files(c: Context) -> DataFrame:
@@ -397,6 +566,8 @@ QUERIES: dict[str, Query] = {
     "lost_writes": Query(check_lost_writes, PARTITION_ORDER),
     "inconsistent_offsets": Query(check_inconsistent_offsets, PARTITION_ORDER),
     "replica_divergence": Query(check_replica_divergence, PARTITION_ORDER),
+    "epoch_forks": Query(check_epoch_forks, ("topic", "partition", "offset", "leader_epoch")),
+    "missing_replicas": Query(check_missing_replicas, ("topic", "partition", "broker")),
     "duplicates:idempotent": Query(idempotent_duplicates, ("topic", "value")),
     "duplicates:all": Query(duplicate_groups, ("topic", "value")),
     "offset_gaps": Query(check_offset_gaps, REPLICA_ORDER),
@@ -407,17 +578,21 @@ QUERIES: dict[str, Query] = {
     "skipped_polls": Query(check_skipped_polls, POLL_ORDER),
     "dirty_reads": Query(check_dirty_reads, POLL_ORDER),
     "unseen_writes": Query(check_unseen_writes, PARTITION_ORDER),
+    "failed_writes_present": Query(check_failed_writes_present, ("topic", "process", "seq")),
     "damaged_files": Query(check_damaged_files, ("broker", "file", "position")),
 }
-HISTORY_CHECKS = frozenset({"lost_writes", "non_monotonic_polls", "skipped_polls", "dirty_reads", "unseen_writes"})
+HISTORY_CHECKS = frozenset({"lost_writes", "non_monotonic_polls", "skipped_polls", "dirty_reads", "unseen_writes",
+                            "failed_writes_present"})
+METADATA_CHECKS = frozenset({"missing_replicas"})
 
-CHECK_NAMES = ("lost_writes", "inconsistent_offsets", "replica_divergence", "duplicates", "offset_gaps",
-               "offset_repeats", "epoch_regressions", "hw_above_leo", "non_monotonic_polls",
-               "skipped_polls", "dirty_reads", "unseen_writes", "damaged_files")
+CHECK_NAMES = ("lost_writes", "inconsistent_offsets", "replica_divergence", "epoch_forks", "missing_replicas",
+               "duplicates", "offset_gaps", "offset_repeats", "epoch_regressions", "hw_above_leo",
+               "non_monotonic_polls", "skipped_polls", "dirty_reads", "unseen_writes", "failed_writes_present",
+               "damaged_files")
 
 
-STAT_NAMES = ("record_rows", "replicas", "partitions", "final_log_records", "sends", "acked", "failed",
-              "indeterminate", "polls", "torn_tails")
+STAT_NAMES = ("record_rows", "replicas", "partitions", "final_log_records", "replicas_without_hw", "sends", "acked",
+              "failed", "indeterminate", "polls", "acked_below_log_start", "polls_below_log_start", "torn_tails")
 
 
 def _stat_queries(c: Context) -> dict[str, DataFrame]:
@@ -429,11 +604,14 @@ def _stat_queries(c: Context) -> dict[str, DataFrame]:
         "replicas": c.t.replicas,
         "partitions": c.t.replicas.select(*KEYS).distinct(),
         "final_log_records": c.final,
+        "replicas_without_hw": c.t.replicas.where(F.col("high_watermark") < 0),
         "sends": sends,
         "acked": c.acked,
         "failed": sends.where(F.col("outcome") == "fail"),
         "indeterminate": sends.where(F.col("outcome") == "info"),
         "polls": c.t.polls,
+        "acked_below_log_start": acked_below_log_start(c),
+        "polls_below_log_start": polls_below_log_start(c),
         "torn_tails": c.t.damaged.where(F.col("kind").isin(*schema.INFORMATIONAL_DAMAGE)),
     }
 
@@ -474,7 +652,11 @@ def _evidence(c: Context, names: list[str], evidence_rows: int) -> dict[tuple[st
     return {key: [row for _, row in sorted(rows, key=lambda x: x[0])] for key, rows in out.items()}
 
 
-def _export_results(export: str, has_history: bool, counts: Counts,
+def _with_note(result: CheckResult, note: str) -> CheckResult:
+    return replace(result, note="; ".join(filter(None, [result.note, note])))
+
+
+def _export_results(export: str, manifest: dict[str, Any], counts: Counts,
                     evidence: dict[tuple[str, str], list[dict[str, Any]]]) -> list[CheckResult]:
     def n(name: str) -> int:
         return counts.get((name, export), 0)
@@ -482,12 +664,28 @@ def _export_results(export: str, has_history: bool, counts: Counts,
     def rows(name: str) -> list[dict[str, Any]]:
         return evidence.get((name, export), [])
 
+    has_history = bool(manifest.get("has_history"))
     results: dict[str, CheckResult] = {}
     for name in CHECK_NAMES:
         if name in HISTORY_CHECKS and not has_history:
             results[name] = CheckResult(name, Status.SKIPPED, 0, note="no workload history in this export")
+        elif name in METADATA_CHECKS and not manifest.get("has_metadata"):
+            results[name] = CheckResult(name, Status.SKIPPED, 0, note=manifest.get("metadata_note")
+                                        or "no controller metadata (an export made before it was exported)")
         elif name in QUERIES:
             results[name] = CheckResult(name, Status.VIOLATION if n(name) else Status.OK, n(name), rows(name))
+    if n("stat:replicas_without_hw"):
+        results["replica_divergence"] = _with_note(
+            results["replica_divergence"], f"{n('stat:replicas_without_hw')} replica(s) without an HW checkpoint "
+            "entry commit nothing and are not compared (epoch_forks still compares their logs)")
+    if has_history and n("stat:acked_below_log_start"):
+        results["lost_writes"] = _with_note(
+            results["lost_writes"], f"{n('stat:acked_below_log_start')} acked send(s) below every replica's log "
+            "start (deleted by retention) cannot be verified")
+    if has_history and n("stat:polls_below_log_start"):
+        results["dirty_reads"] = _with_note(
+            results["dirty_reads"], f"{n('stat:polls_below_log_start')} poll(s) below every replica's log start "
+            "(deleted by retention) cannot be verified")
     if has_history and n("stat:polls") == 0:
         results["unseen_writes"] = CheckResult("unseen_writes", Status.SKIPPED, 0, note="the history has no polls")
     if n("duplicates:idempotent"):
@@ -501,10 +699,8 @@ def _export_results(export: str, has_history: bool, counts: Counts,
     else:
         results["duplicates"] = CheckResult("duplicates", Status.OK, 0)
     if n("stat:torn_tails"):
-        d = results["damaged_files"]
-        results["damaged_files"] = CheckResult(d.name, d.status, d.count, d.evidence,
-                                               f"{n('stat:torn_tails')} torn tail(s) (partial last batch, "
-                                               "truncated by recovery)")
+        results["damaged_files"] = _with_note(results["damaged_files"], f"{n('stat:torn_tails')} torn tail(s) "
+                                              "(partial last batch, truncated by recovery)")
     return [results[name] for name in CHECK_NAMES]
 
 
@@ -525,27 +721,27 @@ def run_audits(spark: SparkSession, export_dirs: list[Path], *,
         raise ValueError("an export directory is given twice")
     manifests = {_normalise(str(d)): schema.read_manifest(d) for d in export_dirs}
     loaded = load_tables(spark, list(export_dirs))
-    # Every check scans the same five tables: cache them (spilling to disk when large)
+    # Every check scans the same tables: cache them (spilling to disk when large)
     # instead of re-reading Parquet once per query.
     t = Tables(*(df.persist(StorageLevel.MEMORY_AND_DISK) for df in
-                 (loaded.records, loaded.replicas, loaded.damaged, loaded.sends, loaded.polls)))
+                 (loaded.records, loaded.replicas, loaded.damaged, loaded.sends, loaded.polls, loaded.assignments)))
     try:
-        c = Context(t=t, final=final_log(t), committed=committed_records(t),
-                    acked=t.sends.where(F.col("outcome") == "ok"))
+        final = final_log(t, authoritative_replicas(t))
+        c = Context(t=t, final=final, committed=committed_records(t), acked=t.sends.where(F.col("outcome") == "ok"),
+                    reference=reference_log(t, final), log_starts=partition_log_starts(t))
         named = {name: q.query(c) for name, q in QUERIES.items()}
         named.update({f"stat:{name}": df for name, df in _stat_queries(c).items()})
         counts = _counts(named)
         found = sorted({name for (name, _), n in counts.items() if n and name in QUERIES})
         evidence = _evidence(c, found, evidence_rows)
     finally:
-        for df in (t.records, t.replicas, t.damaged, t.sends, t.polls):
+        for df in (t.records, t.replicas, t.damaged, t.sends, t.polls, t.assignments):
             df.unpersist()
     reports = []
     for d in export_dirs:
         key = _normalise(str(d))
         stats = {name: counts.get((f"stat:{name}", key), 0) for name in STAT_NAMES}
-        has_history = bool(manifests[key].get("has_history"))
-        reports.append(AuditReport(export_dir=str(d), checks=_export_results(key, has_history, counts, evidence),
+        reports.append(AuditReport(export_dir=str(d), checks=_export_results(key, manifests[key], counts, evidence),
                                    stats=stats))
     return reports
 
@@ -559,8 +755,9 @@ def run_audit(spark: SparkSession, export_dir: Path, *, evidence_rows: int = EVI
 
 def format_summary(report: AuditReport) -> str:
     """A readable table, then the evidence of each violation."""
-    lines = [f"audit of {report.export_dir}",
-             "  " + ", ".join(f"{k}={v}" for k, v in report.stats.items()), "",
+    stats = textwrap.wrap(", ".join(f"{k}={v}" for k, v in report.stats.items()), width=100,
+                          break_long_words=False, break_on_hyphens=False)
+    lines = [f"audit of {report.export_dir}", *(f"  {line}" for line in stats), "",
              f"  {'check':<22} {'status':<10} {'count':>8}  note",
              f"  {'-' * 22} {'-' * 10} {'-' * 8}  {'-' * 4}"]
     for c in report.checks:

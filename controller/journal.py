@@ -255,3 +255,36 @@ def _load_snapshot(path: Path) -> tuple[MetadataImage, int]:
         return MetadataImage.from_snapshot(doc["image"]), int(doc["offset"])
     except (KeyError, TypeError, ValueError) as exc:
         raise JournalCorruptError(f"{path}: snapshot does not decode: {exc}") from exc
+
+
+def read_image(data_dir: Path) -> MetadataImage:
+    """The image replay would give, read-only: no lock, no truncation of a torn tail, nothing written.
+
+    For tools that inspect a controller's data dir offline or while the controller runs (the audit's export):
+    a torn tail (perhaps a frame being appended) is left out, as replay leaves it out. The journal is read
+    before the snapshot: a controller writes its snapshot before it empties the journal, so whichever pair
+    is read replays to an image at least as new as the journal read (frames the snapshot covers are
+    skipped). A directory without either file is an empty image. ``JournalCorruptError`` for a damaged
+    snapshot, a damaged frame with whole frames after it (as ``Journal.open``), or records that do not
+    decode; ``OSError`` when a file cannot be read.
+    """
+    path = data_dir / JOURNAL_NAME
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raw = b""
+    image, offset = _load_snapshot(data_dir / SNAPSHOT_NAME)
+    frames, valid = read_frames(raw)
+    if valid < len(raw):
+        _refuse_damage_before_valid_frames(path, raw, valid)
+    try:
+        for frame in frames:
+            frame_offset = int(frame.get("offset", -1))
+            if frame_offset <= offset:
+                continue
+            for d in frame.get("records") or []:
+                image.apply(record_from_dict(d))
+            offset = frame_offset
+    except (KeyError, TypeError, ValueError) as exc:
+        raise JournalCorruptError(f"{path}: a journal frame does not decode: {exc}") from exc
+    return image

@@ -97,12 +97,32 @@ def undecodable_batch(base_offset: int, epoch: int) -> bytes:
 SEGMENTS = [[Batch(0, ["v0", "v1"]), Batch(0, ["v2"])], [Batch(1, ["v3", "v4"]), Batch(1, ["v5"])]]
 
 
-def cluster(root: Path, *, hw: int = 6) -> Path:
-    """A cluster dir as ``cluster up`` makes it: broker-0..2, one partition t-0 of six records."""
+def cluster(root: Path, *, hw: int = 6, metadata: bool = False) -> Path:
+    """A cluster dir as ``cluster up`` makes it: broker-0..2, one partition t-0 of six records; with
+    ``metadata``, the controller's journal assigns t-0 to brokers 0, 1, 2 (else its data dir is empty)."""
     for b in range(3):
         write_replica(root / f"broker-{b}", b, SEGMENTS, hw=hw)
     (root / "controller").mkdir()
+    if metadata:
+        controller_metadata(root / "controller", {TopicPartition("t", 0): (0, 1, 2)})
     return root
+
+
+def controller_metadata(data_dir: Path, assignments: dict[TopicPartition, tuple[int, ...]]) -> Path:
+    """A controller data dir whose journal (written by ``controller.journal.Journal``) creates the topics
+    with these replica assignments, leader the first replica, in leader epoch 1; returns the journal."""
+    from controller.journal import JOURNAL_NAME, Journal
+    from controller.state import PartitionRecord, TopicRecord
+
+    journal, _image = Journal.open(data_dir)
+    try:
+        for topic in sorted({tp.topic for tp in assignments}):
+            journal.append([TopicRecord(topic, {}),
+                            *(PartitionRecord(topic, tp.partition, reps, reps, reps[0], 1, 0)
+                              for tp, reps in sorted(assignments.items()) if tp.topic == topic)])
+    finally:
+        journal.close()
+    return data_dir / JOURNAL_NAME
 
 
 def history(path: Path, n: int = 6) -> Path:

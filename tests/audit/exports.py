@@ -3,7 +3,8 @@
 ``clean_export()`` is a healthy 3-replica partition: ten records in batches of
 two (leader epoch 0 for offsets 0-3, epoch 1 from offset 4), HW = LEO = 10
 everywhere, ten acked sends plus one failed and one indeterminate send, and
-two consumers (``c0`` and ``final``) that read every offset in order. Tests
+two consumers (``c0`` and ``final``) that read every offset in order, and the
+controller's assignment of the partition to the three brokers. Tests
 mutate the row lists to inject exactly one anomaly.
 """
 
@@ -32,12 +33,16 @@ class Export:
     damaged: list[dict[str, Any]] = field(default_factory=list)
     sends: list[dict[str, Any]] = field(default_factory=list)
     polls: list[dict[str, Any]] = field(default_factory=list)
+    assignments: list[dict[str, Any]] | None = None  # None: no controller metadata (no assignments.parquet)
     has_history: bool = True
 
     def write(self, out: Path) -> Path:
         out.mkdir(parents=True, exist_ok=True)
-        counts = {name: schema.write_table(out, name, getattr(self, name)) for name in schema.TABLES}
+        counts = {name: schema.write_table(out, name, getattr(self, name)) for name in schema.TABLES
+                  if getattr(self, name) is not None}
         schema.write_manifest(out, {"has_history": self.has_history, "brokers": list(BROKERS),
+                                    "has_metadata": self.assignments is not None,
+                                    "metadata_note": "" if self.assignments is not None else "no metadata (test)",
                                     "counts": counts, "sources": ["test"]})
         return out
 
@@ -101,4 +106,6 @@ def clean_export(*, producer_id: int = -1) -> Export:
     for process in ("c0", "final"):
         for o in range(10):
             e.poll(process, o, o, value(o))
+    e.assignments = [{"topic": TOPIC, "partition": 0, "replicas": list(BROKERS), "isr": list(BROKERS),
+                      "leader": 0, "leader_epoch": 1}]
     return e

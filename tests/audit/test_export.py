@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ import pytest
 
 from audit.export import ExportError, export
 from cli.main import main
+from controller.journal import JOURNAL_NAME, encode_frame
 from storage.log_manager import LogManager
 from tests.audit.datadirs import (
     Batch,
@@ -226,3 +229,73 @@ async def test_export_of_a_log_written_by_storage_log_manager(tmp_path: Path) ->
     rows = sorted(table(out, "records"), key=lambda r: r["offset"])
     assert [r["offset"] for r in rows] == list(range(60))
     assert rows[45]["value"] == b"e3-5" and rows[45]["leader_epoch"] == 3
+
+
+def test_log_start_is_never_below_the_first_segment(tmp_path: Path) -> None:
+    # retention deleted segment 0 and the broker was killed before it rewrote its log-start checkpoint (0)
+    c = cluster(tmp_path / "c")
+    (c / "broker-1" / "t-0" / "00000000000000000000.log").unlink()
+    out = tmp_path / "export"
+    export([c], out)
+    starts = {r["broker"]: r["log_start_offset"] for r in table(out, "replicas")}
+    assert starts == {0: 0, 1: 3, 2: 0}  # as storage.log computes it on open: max(checkpoint, first base)
+
+
+def test_merged_history_files_get_their_own_process_names(tmp_path: Path) -> None:
+    hist = tmp_path / "run"
+    hist.mkdir()
+    history(hist / "history.jsonl")
+    history(hist / "history-rerun.jsonl")  # the rerun names its clients p0 and c0 again
+    out = tmp_path / "export"
+    export([cluster(tmp_path / "c")], out, history=hist)
+    assert {(s["process"], s["seq"]) for s in table(out, "sends")} \
+        == {(f"{stem}:p0", o) for stem in ("history", "history-rerun") for o in range(6)}
+    assert {p["process"] for p in table(out, "polls")} == {"history:c0", "history-rerun:c0"}
+    export([cluster(tmp_path / "c2")], tmp_path / "one", history=hist / "history.jsonl")
+    assert {p["process"] for p in table(tmp_path / "one", "polls")} == {"c0"}  # one file: names unchanged
+
+
+def test_controller_metadata_is_read_without_lock_or_writes(tmp_path: Path) -> None:
+    c = cluster(tmp_path / "c", metadata=True)
+    controller = c / "controller"
+    with open(controller / JOURNAL_NAME, "ab") as f:  # a frame being appended right now
+        f.write(b"\x00\x00\x01\x00torn")
+    before = {p.name: p.read_bytes() for p in controller.iterdir()}
+    lock = os.open(controller / ".lock", os.O_RDWR)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running controller holds it
+        summary = export([c], tmp_path / "export")
+    finally:
+        os.close(lock)
+    assert {p.name: p.read_bytes() for p in controller.iterdir()} == before
+    assert table(tmp_path / "export", "assignments") == [
+        {"topic": "t", "partition": 0, "replicas": [0, 1, 2], "isr": [0, 1, 2], "leader": 0, "leader_epoch": 1}]
+    manifest = json.loads((tmp_path / "export" / "manifest.json").read_text())
+    assert (manifest["has_metadata"], manifest["counts"]["assignments"]) == (True, 1)
+    assert str(controller) in manifest["sources"]
+    assert "controller metadata: 1 partition assignments" in summary.lines()
+
+
+def test_without_a_cluster_dir_there_is_no_metadata(tmp_path: Path) -> None:
+    c = cluster(tmp_path / "c", metadata=True)
+    summary = export([c / "broker-0", c / "broker-1"], tmp_path / "export")
+    manifest = json.loads((tmp_path / "export" / "manifest.json").read_text())
+    assert manifest["has_metadata"] is False
+    assert "broker data dirs were given, not a cluster dir" in manifest["metadata_note"]
+    assert table(tmp_path / "export", "assignments") == []
+    assert manifest["metadata_note"] in summary.lines()
+
+
+def test_damaged_controller_metadata_is_a_damage_row(tmp_path: Path) -> None:
+    c = cluster(tmp_path / "c", metadata=True)
+    journal = c / "controller" / JOURNAL_NAME
+    corrupt_byte(journal, 12)  # frame 1's payload, and a whole frame after it
+    journal.write_bytes(journal.read_bytes() + encode_frame({"offset": 2, "records": []}))
+    summary = export([c], tmp_path / "export")
+    assert summary.damaged == 1
+    [row] = table(tmp_path / "export", "damaged")
+    assert (row["broker"], row["topic"], row["file"], row["kind"]) == (None, None, "controller", "bad_metadata")
+    assert "JournalCorruptError" in row["error"] and "is damaged but 1 whole frame" in row["error"]
+    manifest = json.loads((tmp_path / "export" / "manifest.json").read_text())
+    assert (manifest["has_metadata"], manifest["metadata_note"]) \
+        == (False, "controller metadata unreadable (see damaged_files)")

@@ -9,6 +9,7 @@ covered by the CLI test).
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,11 @@ import pytest
 
 from audit.export import export
 from audit.spark_audit import CHECK_NAMES, AuditReport, Status, format_summary, run_audit, run_audits, write_report
-from tests.audit.datadirs import batch_positions, cluster, corrupt_byte, history
-from tests.audit.exports import BROKERS, Export, clean_export
+from common.wire import TopicPartition
+from controller.journal import encode_frame
+from storage.checkpoint import read_offsets, write_offsets
+from tests.audit.datadirs import Batch, batch_positions, cluster, corrupt_byte, history, write_replica
+from tests.audit.exports import BROKERS, Export, _crc, clean_export
 
 
 def flagged(report: AuditReport) -> set[str]:
@@ -34,12 +38,21 @@ def _lost_other_value(e: Export) -> None:
 
 
 def _inconsistent_read(e: Export) -> None:
-    e.poll("c1", 0, 2, "v5")  # offset 2 read as v5 (a value the log holds, at offset 5)
+    e.poll("c1", 0, 2, "v5")  # offset 2 read as v5 (a value the log holds, at offset 5): a dirty read too
+
+
+def _inconsistent_replica(e: Export) -> None:
+    e.record(2, 2)["value"] = b"v5"  # broker 2's committed copy of offset 2 holds v5 (same batch crc: synthetic)
 
 
 def _divergence(e: Export) -> None:
-    for o in (6, 7):  # broker 2's copy of batch 6-7 has another crc, same values
+    for o in (6, 7):  # broker 2's copy of batch 6-7 has another crc, same values (and epoch: a fork too)
         e.record(2, o)["batch_crc"] = 12345
+
+
+def _divergence_other_epoch(e: Export) -> None:
+    for o in (8, 9):  # broker 2's committed copy of batch 8-9 was written by another leader, in epoch 2
+        e.record(2, o)["batch_crc"], e.record(2, o)["leader_epoch"] = 12345, 2
 
 
 def _duplicate(e: Export) -> None:
@@ -121,11 +134,64 @@ def _deposed_leader_tail(e: Export) -> None:
     e.poll("final", 10, 10, "v10")
 
 
+def _same_epoch_fork(e: Export) -> None:
+    # broker 2 holds other batches at 8-9 in epoch 1, above its own HW 8: a second writer in epoch 1
+    for o in (8, 9):
+        r = e.record(2, o)
+        r["value"] = f"z{o}".encode()
+        r["batch_crc"] = _crc(b"z8", b"z9")
+    e.replica(2)["high_watermark"] = 8
+
+
+def _poll_of_a_vanished_offset(e: Export) -> None:
+    e.poll("c0", 10, 10, "v5")  # read at offset 10, which no log holds; v5 is at offset 5
+
+
+def _acked_key_differs(e: Export) -> None:
+    e.sends[3]["key"] = b"sent-key"  # the log holds v3 at offset 3 with a null key
+
+
+def _replica_key_differs(e: Export) -> None:
+    e.record(2, 3)["key"] = b"other"  # same batch crc (synthetic): only the key tells
+
+
+def _failed_write_present(e: Export) -> None:
+    e.add_log_record(10, b"refused")  # the client was told "refused" definitely failed
+    e.poll("final", 10, 10, "refused")
+
+
+def _missing_replica(e: Export) -> None:
+    e.records = [r for r in e.records if r["broker"] != 2]
+    e.replicas = [r for r in e.replicas if r["broker"] != 2]
+
+
+def _retention(e: Export) -> None:
+    """Retention deleted offsets 0-3 on every replica: those sends and polls cannot be verified."""
+    e.records = [r for r in e.records if r["offset"] >= 4]
+    for r in e.replicas:
+        r["log_start_offset"], r["records"], r["batches"] = 4, 6, 3
+
+
+def _retention_behind_one_replica(e: Export) -> None:
+    """The final replica (0) deleted offsets 0-3, replicas 1 and 2 still hold them."""
+    e.records = [r for r in e.records if r["broker"] != 0 or r["offset"] >= 4]
+    e.replica(0)["log_start_offset"] = 4
+
+
+def _retention_lost(e: Export) -> None:
+    _retention_behind_one_replica(e)
+    e.sends[1]["value"] = b"ghost"  # acked at offset 1, which replicas 1 and 2 still hold as v1
+
+
+def _no_metadata(e: Export) -> None:
+    e.assignments = None
+
+
 ANOMALIES: dict[str, tuple[Callable[[Export], None], str]] = {
     "lost_missing": (_lost_missing, "lost_writes"),
     "lost_other_value": (_lost_other_value, "lost_writes"),
-    "inconsistent_offsets": (_inconsistent_read, "inconsistent_offsets"),
-    "replica_divergence": (_divergence, "replica_divergence"),
+    "inconsistent_offsets": (_inconsistent_replica, "inconsistent_offsets"),
+    "replica_divergence": (_divergence_other_epoch, "replica_divergence"),
     "idempotent_duplicates": (_idempotent_duplicate, "duplicates"),
     "offset_gaps": (_gap, "offset_gaps"),
     "offset_repeats": (_repeat, "offset_repeats"),
@@ -136,6 +202,13 @@ ANOMALIES: dict[str, tuple[Callable[[Export], None], str]] = {
     "dirty_reads": (_dirty, "dirty_reads"),
     "unseen_writes": (_unseen, "unseen_writes"),
     "damaged_files": (_damaged, "damaged_files"),
+    "epoch_forks": (_same_epoch_fork, "epoch_forks"),
+    "dirty_read_of_a_vanished_offset": (_poll_of_a_vanished_offset, "dirty_reads"),
+    "lost_write_key": (_acked_key_differs, "lost_writes"),
+    "inconsistent_key": (_replica_key_differs, "inconsistent_offsets"),
+    "failed_writes_present": (_failed_write_present, "failed_writes_present"),
+    "missing_replicas": (_missing_replica, "missing_replicas"),
+    "lost_below_final_log_start": (_retention_lost, "lost_writes"),
 }
 CLEAN: dict[str, Callable[[Export], None]] = {
     "clean": lambda e: None,
@@ -143,19 +216,50 @@ CLEAN: dict[str, Callable[[Export], None]] = {
     "plain_duplicates": _duplicate,
     "torn_tail": _torn_tail,
     "deposed_leader_tail": _deposed_leader_tail,
+    "retention": _retention,
+    "retention_behind_one_replica": _retention_behind_one_replica,
+    "no_metadata": _no_metadata,
 }
+OTHER: dict[str, Callable[[Export], None]] = {
+    "inconsistent_read": _inconsistent_read,
+    "divergence_same_epoch": _divergence,
+}
+GLOB_DIR = "run[1]{a,b}*?\\x"  # Hadoop glob characters in an export's path
 
 
 def _real_file_exports(root: Path) -> dict[str, Path]:
-    """Exports of broker data dirs written with storage's encoders: clean, and one with a bad CRC."""
+    """Exports of broker data dirs written with storage's encoders (and a controller journal written by
+    ``controller.journal``): clean, and with one fault each."""
     out = {}
-    for name in ("files_clean", "files_crc"):
-        c = cluster(root / f"{name}-cluster")
+    for name in ("files_clean", "files_crc", "files_retention", "files_no_hw_divergent", "files_missing_replica",
+                 "files_bad_metadata", "files_two_histories"):
+        c = cluster(root / f"{name}-cluster", metadata=name != "files_crc")
+        hist = history(root / f"{name}-history.jsonl")
         if name == "files_crc":
             seg0 = c / "broker-1" / "t-0" / "00000000000000000000.log"
             corrupt_byte(seg0, batch_positions(seg0)[1] + 70)
+        elif name == "files_retention":  # segment 0 (offsets 0-2) deleted everywhere; checkpoints still say 0
+            for b in range(3):
+                (c / f"broker-{b}" / "t-0" / "00000000000000000000.log").unlink()
+        elif name == "files_no_hw_divergent":  # broker 2: another log in the same epochs, no HW entry
+            shutil.rmtree(c / "broker-2")
+            other = [[Batch(0, ["X0", "X1"]), Batch(0, ["X2"])], [Batch(1, ["X3", "X4"]), Batch(1, ["X5"])]]
+            write_replica(c / "broker-2", 2, other, hw=6)
+            cp = c / "broker-2" / "replication-offset-checkpoint"
+            write_offsets(cp, {tp: o for tp, o in read_offsets(cp).items() if tp != TopicPartition("t", 0)})
+        elif name == "files_missing_replica":
+            shutil.rmtree(c / "broker-2" / "t-0")
+        elif name == "files_bad_metadata":
+            journal = c / "controller" / "metadata.journal"  # a flipped byte in frame 1, a whole frame after
+            corrupt_byte(journal, 12)
+            journal.write_bytes(journal.read_bytes() + encode_frame({"offset": 2, "records": []}))
+        elif name == "files_two_histories":  # a second run's history names its clients p0 and c0 again
+            hist = root / f"{name}-histories"
+            hist.mkdir()
+            history(hist / "history.jsonl")
+            history(hist / "history-rerun.jsonl")
         out[name] = root / name
-        export([c], out[name], history=history(root / f"{name}-history.jsonl"))
+        export([c], out[name], history=hist)
     return out
 
 
@@ -163,10 +267,13 @@ def _real_file_exports(root: Path) -> dict[str, Path]:
 def reports(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, AuditReport]:
     root = tmp_path_factory.mktemp("exports")
     dirs: dict[str, Path] = {}
-    for name, inject in {**{k: v[0] for k, v in ANOMALIES.items()}, **CLEAN}.items():
+    for name, inject in {**{k: v[0] for k, v in ANOMALIES.items()}, **CLEAN, **OTHER}.items():
         e = clean_export()
         inject(e)
         dirs[name] = e.write(root / name)
+    glob_case = clean_export()
+    _lost_missing(glob_case)
+    dirs["glob_path"] = glob_case.write(root / GLOB_DIR / "export")
     dirs.update(_real_file_exports(root))
     return dict(zip(dirs, run_audits(spark, list(dirs.values())), strict=True))
 
@@ -189,7 +296,8 @@ def test_clean_export_without_history_skips_history_checks(reports: dict[str, Au
     report = reports["no_history"]
     assert report.ok
     skipped = {c.name for c in report.checks if c.status is Status.SKIPPED}
-    assert skipped == {"lost_writes", "non_monotonic_polls", "skipped_polls", "dirty_reads", "unseen_writes"}
+    assert skipped == {"lost_writes", "non_monotonic_polls", "skipped_polls", "dirty_reads", "unseen_writes",
+                       "failed_writes_present"}
     assert flagged(report) == set()
 
 
@@ -219,7 +327,12 @@ def test_lost_write_evidence_names_the_value_found(reports: dict[str, AuditRepor
 
 def test_divergence_evidence_shows_both_copies(reports: dict[str, AuditReport]) -> None:
     result = reports["replica_divergence"].check("replica_divergence")
-    assert result.count == 2  # offsets 6 and 7
+    assert result.count == 2  # offsets 8 and 9
+    assert [row["offset"] for row in result.evidence] == [8, 9]
+    assert {(c["leader_epoch"], c["batch_crc"]) for c in result.evidence[0]["copies"]} >= {(2, 12345)}
+    same_epoch = reports["divergence_same_epoch"]  # committed and in one epoch: two writers in epoch 1 too
+    assert flagged(same_epoch) == {"replica_divergence", "epoch_forks"}, format_summary(same_epoch)
+    result = same_epoch.check("replica_divergence")
     assert [row["offset"] for row in result.evidence] == [6, 7]
     crcs = {copy["batch_crc"] for copy in result.evidence[0]["copies"]}
     assert 12345 in crcs and len(crcs) == 2
@@ -300,3 +413,105 @@ def test_not_an_export_is_a_clear_error(spark: Any, tmp_path: Path) -> None:
     (e / "polls.parquet").unlink()
     with pytest.raises(ValueError, match=r"polls\.parquet is missing"):
         run_audit(spark, e)
+
+
+def test_a_read_of_another_offsets_value_is_inconsistent_and_dirty(reports: dict[str, AuditReport]) -> None:
+    report = reports["inconsistent_read"]
+    assert flagged(report) == {"inconsistent_offsets", "dirty_reads"}, format_summary(report)
+    dirty = report.check("dirty_reads").evidence[0]
+    assert (dirty["process"], dirty["offset"], dirty["value"], dirty["found_value"]) == ("c1", 2, "v5", "v2")
+
+
+def test_same_epoch_fork_above_the_hw(reports: dict[str, AuditReport]) -> None:
+    result = reports["epoch_forks"].check("epoch_forks")
+    assert result.count == 2  # offsets 8 and 9, both in epoch 1
+    row = result.evidence[0]
+    assert (row["offset"], row["leader_epoch"], row["variants"]) == (8, 1, 2)
+    assert [copy["broker"] for copy in row["copies"]] == [0, 1, 2]
+
+
+def test_a_replica_without_hw_entry_is_counted_and_its_forked_log_caught(reports: dict[str, AuditReport]) -> None:
+    report = reports["files_no_hw_divergent"]
+    assert flagged(report) == {"epoch_forks"}, format_summary(report)
+    assert report.check("epoch_forks").count == 6
+    assert report.stats["replicas_without_hw"] == 1
+    assert report.check("replica_divergence").status is Status.OK
+    assert "1 replica(s) without an HW checkpoint entry" in report.check("replica_divergence").note
+    assert reports["clean"].stats["replicas_without_hw"] == 0
+    assert reports["clean"].check("replica_divergence").note == ""
+
+
+def test_reads_and_writes_are_matched_by_offset_and_key(reports: dict[str, AuditReport]) -> None:
+    dirty = reports["dirty_read_of_a_vanished_offset"].check("dirty_reads")
+    assert (dirty.count, dirty.evidence[0]["offset"], dirty.evidence[0]["value"]) == (1, 10, "v5")
+    lost = reports["lost_write_key"].check("lost_writes")
+    assert lost.count == 1
+    assert (lost.evidence[0]["key"], lost.evidence[0]["found_value"], lost.evidence[0].get("found_key")) \
+        == ("sent-key", "v3", None)
+    inc = reports["inconsistent_key"].check("inconsistent_offsets").evidence[0]
+    assert (inc["offset"], inc["values"], inc["keys"], inc["distinct_keys"]) == (3, 1, 2, ["other"])
+
+
+def test_retention_below_every_log_start_is_counted_not_violated(reports: dict[str, AuditReport]) -> None:
+    report = reports["retention"]
+    assert report.ok and flagged(report) == set(), format_summary(report)
+    assert (report.stats["acked_below_log_start"], report.stats["polls_below_log_start"]) == (4, 8)
+    assert "4 acked send(s) below every replica's log start" in report.check("lost_writes").note
+    assert "8 poll(s) below every replica's log start" in report.check("dirty_reads").note
+    behind = reports["retention_behind_one_replica"]  # verified against the replicas that still hold them
+    assert behind.ok and flagged(behind) == set(), format_summary(behind)
+    assert (behind.stats["acked_below_log_start"], behind.stats["polls_below_log_start"]) == (0, 0)
+    lost = reports["lost_below_final_log_start"].check("lost_writes")
+    assert (lost.count, lost.evidence[0]["offset"], lost.evidence[0]["value"], lost.evidence[0]["found_value"]) \
+        == (1, 1, "ghost", "v1")
+
+
+def test_retention_in_real_files_with_a_stale_log_start_checkpoint(reports: dict[str, AuditReport]) -> None:
+    report = reports["files_retention"]
+    assert report.ok and flagged(report) == set(), format_summary(report)
+    assert (report.stats["acked_below_log_start"], report.stats["polls_below_log_start"]) == (3, 3)
+    assert report.stats["record_rows"] == 9
+
+
+def test_failed_write_found_in_the_log(reports: dict[str, AuditReport]) -> None:
+    result = reports["failed_writes_present"].check("failed_writes_present")
+    assert result.count == 1
+    assert (result.evidence[0]["value"], result.evidence[0]["found_at"]) == ("refused", [{"partition": 0,
+                                                                                          "offset": 10}])
+
+
+def test_missing_replicas_against_the_controllers_assignment(reports: dict[str, AuditReport]) -> None:
+    result = reports["missing_replicas"].check("missing_replicas")
+    assert (result.count, result.evidence[0]["broker"], result.evidence[0]["replicas"]) == (1, 2, [0, 1, 2])
+    real = reports["files_missing_replica"]
+    assert flagged(real) == {"missing_replicas"}, format_summary(real)
+    assert real.check("missing_replicas").evidence[0]["broker"] == 2
+    assert reports["files_clean"].check("missing_replicas").status is Status.OK
+    skipped = reports["no_metadata"].check("missing_replicas")
+    assert (skipped.status, skipped.note) == (Status.SKIPPED, "no metadata (test)")
+    assert reports["no_metadata"].ok
+    no_journal = reports["files_crc"].check("missing_replicas")  # a cluster dir whose controller/ is empty
+    assert no_journal.status is Status.SKIPPED
+    assert "no controller/metadata.snapshot or metadata.journal" in no_journal.note
+
+
+def test_damaged_controller_metadata_is_damage_and_skips_the_check(reports: dict[str, AuditReport]) -> None:
+    report = reports["files_bad_metadata"]
+    assert flagged(report) == {"damaged_files"}, format_summary(report)
+    damage = report.check("damaged_files").evidence[0]
+    assert (damage["kind"], damage.get("broker")) == ("bad_metadata", None)
+    result = report.check("missing_replicas")
+    assert result.status is Status.SKIPPED and "controller metadata unreadable" in result.note
+
+
+def test_merged_histories_keep_their_processes_apart(reports: dict[str, AuditReport]) -> None:
+    report = reports["files_two_histories"]
+    assert report.ok and flagged(report) == set(), format_summary(report)
+    assert (report.stats["acked"], report.stats["polls"]) == (12, 12)
+
+
+def test_an_export_path_with_glob_characters(reports: dict[str, AuditReport]) -> None:
+    report = reports["glob_path"]
+    assert GLOB_DIR in report.export_dir
+    assert flagged(report) == {"lost_writes"}, format_summary(report)
+    assert report.stats["record_rows"] == 30
