@@ -26,7 +26,6 @@ Blocking I/O: the shell calls these methods through ``asyncio.to_thread``.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import struct
 import zlib
@@ -34,13 +33,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from common.fsutil import DirLockedError, lock_dir
 from common.wire import decode, encode
 from controller.state import MetadataImage, Record, record_from_dict, record_to_dict
 from storage.checkpoint import fsync_dir
 
 JOURNAL_NAME = "metadata.journal"
 SNAPSHOT_NAME = "metadata.snapshot"
-LOCK_NAME = ".lock"
 _FRAME = struct.Struct(">II")
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 
@@ -50,8 +49,8 @@ class JournalCorruptError(Exception):
     dir is damaged, not torn by a crash."""
 
 
-class DataDirLockedError(Exception):
-    """Another process already owns this data dir (two controllers on one journal would fork it)."""
+# Another process already owns this data dir (two controllers on one journal would fork it).
+DataDirLockedError = DirLockedError
 
 
 class JournalBrokenError(Exception):
@@ -116,7 +115,7 @@ class Journal:
     def open(cls, data_dir: Path) -> tuple[Journal, MetadataImage]:
         """Replay the snapshot and the journal after it; truncate a torn tail."""
         data_dir.mkdir(parents=True, exist_ok=True)
-        lock_fd = _lock(data_dir)
+        lock_fd = lock_dir(data_dir, "controller")
         try:
             return cls._replay(data_dir, lock_fd)
         except BaseException:
@@ -231,16 +230,6 @@ def _refuse_damage_before_valid_frames(path: Path, raw: bytes, bad: int) -> None
             f"{path}: the frame at byte {bad} is damaged but {len(following)} whole frame(s) follow it; this "
             "is not a torn tail from a crash, and cutting it would drop acknowledged changes. Refusing to "
             f"start: restore the data dir from a copy, or cut the file at byte {bad} to accept that loss")
-
-
-def _lock(data_dir: Path) -> int:
-    fd = os.open(data_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise DataDirLockedError(f"{data_dir} is in use by another controller process") from None
-    return fd
 
 
 def _load_snapshot(path: Path) -> tuple[MetadataImage, int]:
