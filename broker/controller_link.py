@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import Callable
 from typing import Any
 
+from broker.producer_ids import ProducerIdBlock
 from broker.replica_manager import AlterResult, ReplicaManager
 from common.clock import Clock
 from common.config import Config
@@ -46,6 +48,7 @@ class ControllerLink:
         # controller that restarted meanwhile, and forgot the shutdown, does not unfence this broker again.
         self._want_shutdown = False
         self.registered = asyncio.Event()
+        self.on_registered: Callable[[], None] | None = None  # e.g. fetch a first producer-id block
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -89,6 +92,8 @@ class ControllerLink:
             return
         self._rm.broker_epoch = epoch
         self.registered.set()
+        if self.on_registered is not None:
+            self.on_registered()
         log.info("broker_registered", broker_id=self._rm.broker_id, broker_epoch=epoch,
                  incarnation_id=self.incarnation_id)
 
@@ -129,6 +134,25 @@ class ControllerLink:
                     break
                 await asyncio.sleep(RETRY_BACKOFF_S)
         return AlterResult(ErrorCode.REQUEST_TIMED_OUT)
+
+    async def allocate_producer_ids(self) -> ProducerIdBlock | None:
+        """One ``allocate_producer_ids`` call (Kafka's AllocateProducerIds); None on any failure (the
+        producer-id manager retries after a backoff). Needs a registration: the controller checks the epoch."""
+        if self._rm.broker_epoch < 0 or self._closed:
+            return None
+        body = {"broker_id": self._rm.broker_id, "broker_epoch": self._rm.broker_epoch}
+        try:
+            resp = await self._rpc.call(self._controller, "allocate_producer_ids", body)
+        except RpcError as exc:
+            log.warning("allocate_producer_ids_failed", broker_id=self._rm.broker_id, error=str(exc))
+            return None
+        error = ErrorCode.of(_int(resp, "error"))
+        start, length = _int(resp, "producer_id_start"), _int(resp, "producer_id_len")
+        if error is not ErrorCode.NONE or start < 0 or length <= 0:
+            log.warning("allocate_producer_ids_refused", broker_id=self._rm.broker_id, error=error.name,
+                        broker_epoch=self._rm.broker_epoch)
+            return None
+        return ProducerIdBlock(start, length)
 
     async def controlled_shutdown(self) -> bool:
         """Ask the controller to move leadership away; bounded by controlled.shutdown.max.wait.ms."""

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 API_NAMES = ("produce", "fetch", "list_offsets", "offsets_for_leader_epoch", "metadata", "leader_and_isr",
-             "stop_replica", "update_metadata")
+             "stop_replica", "update_metadata", "init_producer_id")
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _BUCKET_LABELS = (*(repr(b) for b in LATENCY_BUCKETS), "+Inf")  # as prometheus-client writes them: "1.0"

@@ -24,6 +24,7 @@ from aiohttp import web
 from broker.controller_link import ControllerLink
 from broker.metadata_cache import MetadataCache
 from broker.metrics import BrokerMetrics
+from broker.producer_ids import ProducerIdManager
 from broker.replica_manager import ReplicaManager
 from broker.server import build_server
 from common.clock import Clock, SystemClock
@@ -163,6 +164,8 @@ class BrokerProcess:
         await rm.start()
         self.link = ControllerLink(rm, o.controller, host, adv_port, o.config, self.clock)
         rm.alter_sender = self.link
+        rm.producer_ids = ProducerIdManager(self.link.allocate_producer_ids, self.clock)
+        self.link.on_registered = rm.producer_ids.prefetch
         await self.link.start()
         write_atomic(o.data_dir / "endpoint", f"{o.listen_host}:{port}\n")
         write_atomic(o.data_dir / "pid", f"{os.getpid()}\n")
@@ -171,6 +174,8 @@ class BrokerProcess:
 
     async def stop(self) -> None:
         rm = self.rm
+        if rm is not None and rm.producer_ids is not None:
+            await rm.producer_ids.close()
         if self.link is not None:
             await self.link.controlled_shutdown()
             await self.link.close()

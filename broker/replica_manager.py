@@ -20,6 +20,7 @@ from broker.delayed import DelayedFetch, DelayedProduce, LeaderView, ProduceWait
 from broker.metadata_cache import MetadataCache
 from broker.metrics import BrokerMetrics
 from broker.partition import Partition
+from broker.producer_ids import ProducerIdManager
 from broker.purgatory import DelayedOperation, Purgatory
 from broker.requests import (
     ControlHeader,
@@ -38,6 +39,7 @@ from common.errors import ErrorCode, MinibrokerError
 from common.logging import get_logger
 from common.wire import TopicPartition
 from fetcher.api import BrokerEndpoint, InitialFetchState
+from storage.producer_state import ProducerStateError
 from storage.record_batch import BatchHeader, InvalidBatchError, check_frame
 
 if TYPE_CHECKING:
@@ -87,6 +89,7 @@ class ReplicaManager:
         self.fetch_purgatory = Purgatory("fetch", clock)
         self.fetcher: FetcherManagerLike | None = None
         self.alter_sender: AlterPartitionSender | None = None
+        self.producer_ids: ProducerIdManager | None = None  # init_producer_id; set by the broker process
         self._state_lock = asyncio.Lock()
         self._restored_hws: dict[TopicPartition, int] = {}
         self._isr_backoff_until: dict[TopicPartition, int] = {}
@@ -548,6 +551,10 @@ class ReplicaManager:
             info = p.log.append_as_leader(records, p.state.leader_epoch)
         except InvalidBatchError as exc:
             return _produce_result(tp, exc.code, str(exc))
+        except ProducerStateError as exc:  # out of order, fenced producer epoch: the client's business
+            log.info("produce_refused", broker_id=self.broker_id, topic=tp.topic, partition=tp.partition,
+                     code=exc.code.name, error=str(exc))
+            return _produce_result(tp, exc.code, str(exc))
         except MinibrokerError as exc:  # StorageError, StaleLeaderEpochError
             log.warning("append_failed", broker_id=self.broker_id, topic=tp.topic, partition=tp.partition,
                         error=str(exc), code=exc.code.name)
@@ -556,6 +563,14 @@ class ReplicaManager:
             log.exception("append_failed", broker_id=self.broker_id, topic=tp.topic, partition=tp.partition,
                           error=str(exc))
             return _produce_result(tp, ErrorCode.KAFKA_STORAGE_ERROR, str(exc))
+        if info.duplicate:
+            # Kafka answers a duplicate with the original batch's offsets and, for acks=all, still only once
+            # the HW has passed the original batch: it may not be committed yet (appended by this leader a
+            # moment ago, or by its predecessor).
+            if acks == -1:
+                waits[tp] = ProduceWait(p.state.leader_epoch, info.last_offset + 1)
+            return {"partition": tp.partition, "error": 0, "base_offset": info.first_offset,
+                    "log_start_offset": p.log_start_offset}
         metrics = self.metrics
         metrics.bytes_in += len(records)
         metrics.messages_in += info.num_records

@@ -310,3 +310,26 @@ def parse_metadata(body: Mapping[str, Any]) -> list[str] | None:
     if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
         raise BadRequest("topics must be a list of strings or nil")
     return topics
+
+
+@dataclass(frozen=True, slots=True)
+class InitProducerIdRequest:
+    """Kafka's InitProducerId, idempotence only: ``producer_id``/``producer_epoch`` are read and ignored (every
+    call gets a new id with epoch 0; no epoch bump), as is ``transaction_timeout_ms``."""
+
+    transaction_timeout_ms: int
+    producer_id: int
+    producer_epoch: int
+
+
+def parse_init_producer_id(body: Mapping[str, Any]) -> InitProducerIdRequest:
+    """Every field may be left out (defaults: nil, -1, -1, -1); one that is there must have its type."""
+    if body.get("transactional_id") is not None:
+        if not isinstance(body["transactional_id"], str):
+            raise BadRequest("field 'transactional_id' must be nil")
+        raise BadRequest("transactions are not supported: transactional_id must be nil")
+    return InitProducerIdRequest(
+        transaction_timeout_ms=int_field(body, "transaction_timeout_ms", -1, lo=-MAX_INT32 - 1, hi=MAX_INT32),
+        producer_id=int_field(body, "producer_id", -1),  # int64
+        producer_epoch=int_field(body, "producer_epoch", -1, lo=-(2**15), hi=2**15 - 1),  # int16
+    )

@@ -63,6 +63,14 @@ async def _update_metadata(rm: ReplicaManager, body: dict[str, Any]) -> dict[str
     return await rm.update_metadata(rq.parse_update_metadata(body))
 
 
+async def _init_producer_id(rm: ReplicaManager, body: dict[str, Any]) -> dict[str, Any]:
+    rq.parse_init_producer_id(body)  # its ids and timeout are ignored: every call gets a new id, epoch 0
+    pid = rm.producer_ids.generate() if rm.producer_ids is not None else None
+    if pid is None:
+        return {"error": int(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS), "producer_id": -1, "producer_epoch": -1}
+    return {"error": 0, "producer_id": pid, "producer_epoch": 0}
+
+
 HANDLERS: dict[str, Handler] = {
     "produce": _produce,
     "fetch": _fetch,
@@ -72,6 +80,7 @@ HANDLERS: dict[str, Handler] = {
     "leader_and_isr": _leader_and_isr,
     "stop_replica": _stop_replica,
     "update_metadata": _update_metadata,
+    "init_producer_id": _init_producer_id,
 }
 
 

@@ -34,6 +34,7 @@ from controller.state import (
     NO_LEADER,
     ControllerEpochRecord,
     MetadataImage,
+    ProducerIdsRecord,
     RemoveTopicRecord,
     TopicRecord,
     TopicStoppedRecord,
@@ -219,6 +220,8 @@ class Controller:
                    old_partitions: dict[TopicPartition, Any]) -> None:
         """LeaderAndIsr to the replicas of changed partitions (unless the leader asked for the change);
         UpdateMetadata to every live broker."""
+        if all(isinstance(rec, ProducerIdsRecord) for rec in plan.records):
+            return  # nothing brokers hold: no UpdateMetadata for a producer-id block
         lai: dict[int, list[TopicPartition]] = {}
         new_tps: set[TopicPartition] = set()
         for c in plan.changes:
@@ -359,6 +362,22 @@ class Controller:
                 await self.check_liveness()
             except Exception:
                 log.exception("liveness_check_failed")
+
+    async def allocate_producer_ids(self, broker_id: int, broker_epoch: int) -> tuple[ErrorCode, int, int]:
+        """A block of producer ids, journaled (fsynced) before it is answered, so no id is ever handed out
+        twice, across restarts too. Checked as ``heartbeat`` checks: a registered broker at its current
+        epoch. -> (error, first id, block length)."""
+        async with self._lock:
+            reg = self.image.brokers.get(broker_id)
+            if reg is None:
+                return ErrorCode.BROKER_ID_NOT_REGISTERED, -1, 0
+            if reg.broker_epoch != broker_epoch:
+                return ErrorCode.STALE_BROKER_EPOCH, -1, 0
+            plan, start = ops.allocate_producer_ids(self.image, broker_id, broker_epoch)
+            await self._commit(plan)
+        log.info("producer_ids_allocated", broker_id=broker_id, broker_epoch=broker_epoch,
+                 producer_id_start=start, producer_id_len=ops.PRODUCER_ID_BLOCK_SIZE)
+        return ErrorCode.NONE, start, ops.PRODUCER_ID_BLOCK_SIZE
 
     # --- preferred leaders ---
 

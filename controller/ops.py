@@ -32,6 +32,7 @@ from controller.state import (
     MetadataImage,
     PartitionRecord,
     PartitionState,
+    ProducerIdsRecord,
     Record,
     RegisterBrokerRecord,
     RemoveTopicRecord,
@@ -141,6 +142,17 @@ def register_broker(image: MetadataImage, node_id: int, host: str, port: int, in
         plan.change(tp, st, _bumped(st, election.leader, election.isr, new_term=st.leader == node_id),
                     _reason(st, election, default))
     return plan, epoch
+
+
+PRODUCER_ID_BLOCK_SIZE = 1000  # Kafka's ProducerIdsBlock.PRODUCER_ID_BLOCK_SIZE
+
+
+def allocate_producer_ids(image: MetadataImage, broker_id: int, broker_epoch: int) -> tuple[Plan, int]:
+    """The next block of producer ids for a broker (Kafka's ProducerIdControlManager.generateNextProducerId):
+    one record moves ``next_producer_id`` past it. -> (plan, first id of the block). The caller has checked
+    the broker epoch."""
+    start = image.next_producer_id
+    return Plan([ProducerIdsRecord(broker_id, broker_epoch, start + PRODUCER_ID_BLOCK_SIZE)]), start
 
 
 def fence_broker(image: MetadataImage, node_id: int, live: Collection[int], *, unclean_default: bool) -> Plan:

@@ -87,6 +87,13 @@ async def controlled_shutdown(c: Controller, body: dict[str, Any]) -> dict[str, 
             "remaining_partitions": [{"topic": tp.topic, "partition": tp.partition} for tp in remaining]}
 
 
+async def allocate_producer_ids(c: Controller, body: dict[str, Any]) -> dict[str, Any]:
+    broker_id = int_field(body, "broker_id", lo=0, hi=MAX_INT32)
+    epoch = int_field(body, "broker_epoch")
+    error, start, length = await c.allocate_producer_ids(broker_id, epoch)
+    return {"error": int(error), "producer_id_start": start, "producer_id_len": length}
+
+
 def _alter_items(body: dict[str, Any]) -> list[ops.AlterItem]:
     items: list[ops.AlterItem] = []
     for t in map_items(list_field(body, "topics"), "topics"):
@@ -182,6 +189,7 @@ APIS: dict[str, Handler] = {
     "broker_heartbeat": broker_heartbeat,
     "controlled_shutdown": controlled_shutdown,
     "alter_partition": alter_partition,
+    "allocate_producer_ids": allocate_producer_ids,
     "create_topics": create_topics,
     "delete_topics": delete_topics,
     "metadata": metadata,

@@ -14,6 +14,8 @@ Records (``type`` on the wire):
   partition         {topic, partition, replicas, isr, leader, leader_epoch, partition_epoch}
   remove_topic      {name, pending: {broker: [partition, ...]}}   replicas still to confirm the delete
   topic_stopped     {name, broker}                 that broker deleted its replicas of the topic
+  producer_ids      {broker_id, broker_epoch, next_producer_id}  a block of producer ids was handed to that
+                    broker; ids below next_producer_id are taken (Kafka's ProducerIdsRecord)
 
 Liveness (heartbeat times) is not part of the image: it lives in the shell and is
 rebuilt after a restart by treating every unfenced broker as alive until its
@@ -127,8 +129,18 @@ class TopicStoppedRecord:
     broker: int
 
 
+@dataclass(frozen=True, slots=True)
+class ProducerIdsRecord:
+    """Kafka's ProducerIdsRecord: the ids below ``next_producer_id`` are handed out (the last block to
+    ``broker_id``). Carries the full new value, so applying it twice is harmless; it never moves back."""
+
+    broker_id: int
+    broker_epoch: int
+    next_producer_id: int
+
+
 Record = (ControllerEpochRecord | RegisterBrokerRecord | BrokerFencingRecord | TopicRecord | PartitionRecord
-          | RemoveTopicRecord | TopicStoppedRecord)
+          | RemoveTopicRecord | TopicStoppedRecord | ProducerIdsRecord)
 
 _TYPES: dict[str, type[Any]] = {
     "controller_epoch": ControllerEpochRecord,
@@ -138,6 +150,7 @@ _TYPES: dict[str, type[Any]] = {
     "partition": PartitionRecord,
     "remove_topic": RemoveTopicRecord,
     "topic_stopped": TopicStoppedRecord,
+    "producer_ids": ProducerIdsRecord,
 }
 _NAMES = {cls: name for name, cls in _TYPES.items()}
 
@@ -178,6 +191,8 @@ class MetadataImage:
     topics: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> topic configs
     partitions: dict[TopicPartition, PartitionState] = field(default_factory=dict)
     deleting: dict[str, dict[int, tuple[int, ...]]] = field(default_factory=dict)  # topic -> broker -> partitions
+    next_producer_id: int = 0  # the first producer id not yet handed out
+    last_producer_ids: ProducerIdsRecord | None = None  # the last block's record (kept in snapshots)
 
     def apply(self, rec: Record) -> None:
         if isinstance(rec, ControllerEpochRecord):
@@ -203,6 +218,10 @@ class MetadataImage:
                 self.deleting[rec.name] = pending
             else:
                 self.deleting.pop(rec.name, None)
+        elif isinstance(rec, ProducerIdsRecord):
+            if rec.next_producer_id >= self.next_producer_id:
+                self.next_producer_id = rec.next_producer_id
+                self.last_producer_ids = rec
         elif isinstance(rec, TopicStoppedRecord):
             left = self.deleting.get(rec.name)
             if left is not None:
@@ -237,6 +256,8 @@ class MetadataImage:
             records.append(PartitionRecord.of(tp, st))
         for name, pending in self.deleting.items():
             records.append(RemoveTopicRecord(name, {b: list(ps) for b, ps in pending.items()}))
+        if self.last_producer_ids is not None:
+            records.append(self.last_producer_ids)
         return {"last_broker_epoch": self.last_broker_epoch, "records": [record_to_dict(r) for r in records]}
 
     @classmethod

@@ -5,7 +5,9 @@ Served: ``broker_registration`` (a new, larger broker epoch per call),
 ``broker_heartbeat``, ``alter_partition`` (checked like the controller: broker
 epoch, leader and leader epoch, partition epoch; accepted changes bump
 ``partition_epoch`` and are recorded in ``alter_requests``),
-``controlled_shutdown`` (recorded; answers with no remaining partitions).
+``controlled_shutdown`` (recorded; answers with no remaining partitions),
+``allocate_producer_ids`` (blocks of ``producer_id_block_len`` from an in-memory
+counter, broker epoch checked; ``refuse_producer_ids`` makes it answer an error).
 
 Tests may hold AlterPartition answers (``hold_alter``) or refuse them
 (``reject_alter``), and send ``leader_and_isr`` / ``update_metadata`` /
@@ -66,6 +68,10 @@ class FakeController:
     reject_alter: ErrorCode | None = None
     lose_alter_answers: int = 0  # apply this many AlterPartitions, then answer 503 as if the answer were lost
     address: str = ""
+    next_producer_id: int = 0
+    producer_id_block_len: int = 1000
+    refuse_producer_ids: bool = False
+    producer_id_requests: list[dict[str, Any]] = field(default_factory=list)
     _next_epoch: int = 10
     _runner: web.AppRunner | None = None
     _rpc: RpcClient = field(default_factory=lambda: RpcClient(timeout_s=10.0))
@@ -77,7 +83,8 @@ class FakeController:
 
     async def start(self) -> FakeController:
         app = web.Application()
-        for api in ("broker_registration", "broker_heartbeat", "alter_partition", "controlled_shutdown"):
+        for api in ("broker_registration", "broker_heartbeat", "alter_partition", "controlled_shutdown",
+                    "allocate_producer_ids"):
             app.router.add_post(f"/v1/{api}", self._handler(api))
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -116,6 +123,17 @@ class FakeController:
             return {"error": int(ErrorCode.STALE_BROKER_EPOCH), "is_fenced": True, "should_shutdown": False,
                     "heartbeat_interval_ms": 2000}
         return {"error": 0, "is_fenced": False, "should_shutdown": False, "heartbeat_interval_ms": 2000}
+
+    async def _allocate_producer_ids(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.producer_id_requests.append(body)
+        b = self.brokers.get(body["broker_id"])
+        if self.refuse_producer_ids:
+            return {"error": int(ErrorCode.UNKNOWN_SERVER_ERROR), "producer_id_start": -1, "producer_id_len": 0}
+        if b is None or b.broker_epoch != body["broker_epoch"]:
+            return {"error": int(ErrorCode.STALE_BROKER_EPOCH), "producer_id_start": -1, "producer_id_len": 0}
+        start = self.next_producer_id
+        self.next_producer_id += self.producer_id_block_len
+        return {"error": 0, "producer_id_start": start, "producer_id_len": self.producer_id_block_len}
 
     async def _controlled_shutdown(self, body: dict[str, Any]) -> dict[str, Any]:
         self.shutdown_requests.append(body)

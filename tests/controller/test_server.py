@@ -381,7 +381,7 @@ async def test_delete_waits_for_every_replica_even_across_restarts(h: Harness) -
 
 
 @pytest.mark.parametrize("api", ["broker_registration", "broker_heartbeat", "alter_partition", "create_topics",
-                                 "controlled_shutdown", "delete_topics", "metadata"])
+                                 "controlled_shutdown", "delete_topics", "metadata", "allocate_producer_ids"])
 @pytest.mark.parametrize("body", [b"\xc1", encode([1, 2]), encode({"node_id": "x", "topics": 5, "broker_id": True})])
 async def test_bad_bodies_are_400(h: Harness, api: str, body: bytes) -> None:
     async with aiohttp.ClientSession() as session, session.post(
@@ -389,6 +389,49 @@ async def test_bad_bodies_are_400(h: Harness, api: str, body: bytes) -> None:
         assert resp.status == 400, await resp.text()
         assert api in await resp.text()
     assert h.c.image.topics == {} and h.c.image.brokers == {}
+
+
+async def allocate(h: Harness, node_id: int, epoch: int | None = None) -> dict[str, Any]:
+    return await h.call("allocate_producer_ids", {"broker_id": node_id,
+                                                  "broker_epoch": h.epochs[node_id] if epoch is None else epoch})
+
+
+async def test_producer_id_blocks_are_disjoint_and_never_reused_after_a_restart(tmp_path: Path) -> None:
+    # a snapshot every 3 records: the blocks must survive both the snapshot and the journal after it
+    h = Harness(tmp_path / "controller", ManualClock(), {"metadata.snapshot.interval.records": 3})
+    await h.start_controller()
+    try:
+        for b in (1, 2):
+            await h.add_broker(b)
+        blocks = []
+        for i in range(4):
+            resp = await allocate(h, 1 + i % 2)
+            assert resp["error"] == 0 and resp["producer_id_len"] == 1000
+            blocks.append((resp["producer_id_start"], resp["producer_id_len"]))
+        assert blocks[0][0] == 0
+        for restart in range(2):
+            await h.stop_controller()
+            await h.start_controller()
+            resp = await allocate(h, 1)
+            assert resp["error"] == 0, restart
+            blocks.append((resp["producer_id_start"], resp["producer_id_len"]))
+        ids = [i for start, n in blocks for i in range(start, start + n)]
+        assert len(ids) == len(set(ids)) == 6000
+        assert h.c.image.next_producer_id == 6000
+    finally:
+        await h.close()
+
+
+async def test_allocate_producer_ids_refuses_a_stale_or_unknown_broker(h: Harness) -> None:
+    await h.add_broker(1)
+    first = h.epochs[1]
+    await h.register(1)  # a new incarnation: the first epoch is stale
+    stale = await allocate(h, 1, first)
+    assert (stale["error"], stale["producer_id_start"]) == (ErrorCode.STALE_BROKER_EPOCH, -1)
+    unknown = await h.call("allocate_producer_ids", {"broker_id": 9, "broker_epoch": 1})
+    assert unknown["error"] == ErrorCode.BROKER_ID_NOT_REGISTERED
+    assert h.c.image.next_producer_id == 0  # nothing handed out
+    assert (await allocate(h, 1))["producer_id_start"] == 0
 
 
 async def test_an_oversized_body_is_413(h: Harness) -> None:

@@ -1,0 +1,187 @@
+"""The producer-state checks (storage/producer_state.py), without I/O: tables and a hypothesis model."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from common.errors import ErrorCode
+from storage.producer_state import (
+    MAX_SEQUENCE,
+    Duplicate,
+    ProducerBatch,
+    ProducerStateError,
+    ProducerStateManager,
+    increment_sequence,
+)
+
+PID = 7
+
+
+def b(seq: int, count: int = 1, *, epoch: int = 0, offset: int = 0, pid: int = PID) -> ProducerBatch:
+    return ProducerBatch(pid, epoch, seq, count, offset, offset + count - 1)
+
+
+def state_with(*batches: ProducerBatch) -> ProducerStateManager:
+    s = ProducerStateManager()
+    s.apply(batches)
+    return s
+
+
+def code_of(s: ProducerStateManager, batches: list[ProducerBatch], unit_size: int | None = None) -> ErrorCode:
+    with pytest.raises(ProducerStateError) as info:
+        s.check(batches, len(batches) if unit_size is None else unit_size)
+    return info.value.code
+
+
+# six batches of 2 records: sequences 0-1, 2-3, ... 10-11 at offsets 100+10i
+SIX = [b(2 * i, 2, offset=100 + 10 * i) for i in range(6)]
+
+
+@pytest.mark.parametrize("i", range(1, 6))
+def test_a_duplicate_of_each_of_the_last_five_returns_its_original_offsets(i: int) -> None:
+    s = state_with(*SIX)
+    again = b(SIX[i].base_sequence, 2, offset=999)
+    assert s.check([again], 1) == Duplicate(SIX[i].first_offset, SIX[i].last_offset)
+
+
+def test_a_batch_older_than_the_last_five_is_out_of_order() -> None:
+    s = state_with(*SIX)
+    assert code_of(s, [b(0, 2, offset=999)]) is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+@pytest.mark.parametrize(("seq", "count"), [(13, 1), (11, 1), (5, 1), (10, 1), (10, 3)])
+def test_anything_but_the_next_sequence_or_an_exact_duplicate_is_out_of_order(seq: int, count: int) -> None:
+    s = state_with(*SIX)
+    assert code_of(s, [b(seq, count, offset=999)]) is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+def test_the_next_sequence_is_accepted() -> None:
+    s = state_with(*SIX)
+    assert s.check([b(12, 5, offset=200)], 1) is None
+
+
+def test_a_lower_epoch_is_fenced_even_at_a_cached_sequence() -> None:
+    s = state_with(b(0, 2, epoch=3), b(2, 2, epoch=3, offset=2))
+    assert code_of(s, [b(4, 1, epoch=2)]) is ErrorCode.INVALID_PRODUCER_EPOCH
+    assert code_of(s, [b(0, 2, epoch=2)]) is ErrorCode.INVALID_PRODUCER_EPOCH
+
+
+def test_a_new_epoch_must_start_at_zero() -> None:
+    s = state_with(b(0, 2), b(2, 2, offset=2))
+    assert s.check([b(0, 1, epoch=1, offset=10)], 1) is None
+    assert code_of(s, [b(5, 1, epoch=1, offset=10)]) is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert code_of(s, [b(4, 1, epoch=1, offset=10)]) is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+def test_a_new_epoch_forgets_the_old_epochs_batches() -> None:
+    s = state_with(b(0, 2), b(0, 1, epoch=1, offset=2))
+    entry = s.entry(PID)
+    assert entry is not None and entry.epoch == 1 and len(entry.batches) == 1
+    # sequence 0-1 of epoch 0 is no duplicate any more: the epoch is older now
+    assert code_of(s, [b(0, 2, epoch=0, offset=9)]) is ErrorCode.INVALID_PRODUCER_EPOCH
+
+
+@pytest.mark.parametrize("seq", [0, 17, MAX_SEQUENCE])
+def test_an_unknown_producer_is_accepted_at_any_sequence(seq: int) -> None:
+    s = state_with(b(0, 3, pid=1))
+    assert s.check([b(seq, 1, pid=2)], 1) is None
+
+
+@pytest.mark.parametrize(("pid_epoch", "seq"), [(-1, 0), (0, -1)])
+def test_an_idempotent_batch_needs_an_epoch_and_a_sequence(pid_epoch: int, seq: int) -> None:
+    s = ProducerStateManager()
+    assert code_of(s, [b(seq, 1, epoch=pid_epoch)]) is ErrorCode.INVALID_RECORD
+
+
+def test_sequences_wrap_at_int32_max() -> None:
+    assert increment_sequence(MAX_SEQUENCE, 1) == 0
+    assert increment_sequence(MAX_SEQUENCE - 1, 3) == 1
+    wrapping = b(MAX_SEQUENCE - 1, 3)  # sequences 2**31-2, 2**31-1, 0
+    assert wrapping.last_sequence == 0
+    s = state_with(wrapping)
+    assert s.check([b(1, 1, offset=3)], 1) is None
+    assert code_of(s, [b(MAX_SEQUENCE, 1, offset=3)]) is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert s.check([b(MAX_SEQUENCE - 1, 3, offset=50)], 1) == Duplicate(0, 2)
+    at_max = state_with(b(MAX_SEQUENCE - 4, 5))  # ends exactly at 2**31-1: the next one starts at 0
+    assert at_max.check([b(0, 1, offset=5)], 1) is None
+    assert code_of(at_max, [b(MAX_SEQUENCE - 4 + 5, 1, offset=5)]) is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+# ---- one append of several batches: one unit ----------------------------------------------------------
+
+def test_a_unit_of_consecutive_duplicates_answers_the_first_ones_offset() -> None:
+    s = state_with(*SIX)
+    assert s.check([b(4, 2), b(6, 2), b(8, 2)], 3) == Duplicate(SIX[2].first_offset, SIX[4].last_offset)
+
+
+def test_a_unit_of_duplicates_that_are_not_consecutive_in_the_cache_is_out_of_order() -> None:
+    s = state_with(*SIX)
+    assert code_of(s, [b(4, 2), b(8, 2)]) is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+@pytest.mark.parametrize("unit", [[(8, 2), (10, 2), (12, 2)], [(12, 2), (10, 2)], [(10, 2), (12, 2)]])
+def test_duplicates_mixed_with_new_batches_are_out_of_order(unit: list[tuple[int, int]]) -> None:
+    s = state_with(*SIX)
+    assert code_of(s, [b(seq, n) for seq, n in unit]) is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+def test_a_duplicate_with_a_non_idempotent_batch_in_the_same_unit_is_out_of_order() -> None:
+    s = state_with(*SIX)
+    assert code_of(s, [b(10, 2)], unit_size=2) is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+def test_a_unit_is_checked_batch_by_batch_against_the_state_the_previous_one_leaves() -> None:
+    s = state_with(*SIX)
+    assert s.check([b(12, 2, offset=200), b(14, 3, offset=202), b(17, 1, offset=205)], 3) is None
+    assert code_of(s, [b(12, 2, offset=200), b(15, 1, offset=202)]) is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert code_of(s, [b(12, 2, offset=200), b(12, 2, offset=202)]) is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    # a new epoch inside the unit, then its continuation
+    assert s.check([b(0, 2, epoch=1, offset=200), b(2, 1, epoch=1, offset=202)], 2) is None
+    # check changes nothing
+    entry = s.entry(PID)
+    assert entry is not None and entry.last_seq == 11 and entry.epoch == 0
+
+
+def test_two_producers_in_one_unit_are_each_checked() -> None:
+    s = state_with(b(0, 1, pid=1), b(0, 1, pid=2, offset=1))
+    assert s.check([b(1, 1, pid=1, offset=2), b(1, 1, pid=2, offset=3)], 2) is None
+    assert code_of(s, [b(1, 1, pid=1, offset=2), b(3, 1, pid=2, offset=3)]) \
+        is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+def test_only_the_last_five_batches_are_kept_and_retention_forgets_whole_producers() -> None:
+    s = state_with(*SIX, b(0, 1, pid=9, offset=170))
+    entry = s.entry(PID)
+    assert entry is not None and [m.first_seq for m in entry.batches] == [2, 4, 6, 8, 10]
+    assert s.remove_below(151) == 0  # PID's last batch ends at 151
+    assert s.remove_below(152) == 1
+    assert s.entry(PID) is None and s.entry(9) is not None
+    assert s.check([b(0, 2, offset=300)], 1) is None  # unknown again: any sequence
+
+
+# ---- a model: a producer that retries, against the state ------------------------------------------------
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(0, 7)), min_size=1, max_size=40))
+def test_retries_of_any_of_the_last_five_never_append_twice(steps: list[tuple[int, int]]) -> None:
+    """Each step appends a new batch of ``count`` records, then resends the batch ``back`` steps ago. A
+    resend of one of the last 5 is a duplicate with its original offsets; an older one is refused."""
+    s = ProducerStateManager()
+    sent: list[ProducerBatch] = []
+    seq, offset = 0, 0
+    for count, back in steps:
+        new = ProducerBatch(PID, 0, seq, count, offset, offset + count - 1)
+        assert s.check([new], 1) is None
+        s.apply([new])
+        sent.append(new)
+        seq, offset = increment_sequence(seq, count), offset + count
+        if back < len(sent):
+            old = sent[-1 - back]
+            retry = old._replace(first_offset=offset, last_offset=offset + old.record_count - 1)
+            if back < 5:
+                assert s.check([retry], 1) == Duplicate(old.first_offset, old.last_offset)
+            else:
+                with pytest.raises(ProducerStateError):
+                    s.check([retry], 1)
