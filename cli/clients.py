@@ -104,6 +104,42 @@ def text_of(data: bytes | None) -> str | None:
 
 # -- produce ---------------------------------------------------------------------------------------
 
+# ``--producer-property KEY=VALUE``: Kafka's producer names for the ProducerConfig settings that have no option of
+# their own (the others are set with theirs: --acks, --linger-ms, --batch-size, --max-in-flight,
+# --delivery-timeout-ms, --max-block-ms)
+PRODUCER_PROPERTIES = ("enable.idempotence", "retries", "retry.backoff.ms", "request.timeout.ms",
+                       "buffer.memory", "max.request.size")
+_PRODUCER_OPTIONS = {"acks": "--acks", "linger.ms": "--linger-ms", "batch.size": "--batch-size",
+                     "max.in.flight.requests.per.connection": "--max-in-flight",
+                     "delivery.timeout.ms": "--delivery-timeout-ms", "max.block.ms": "--max-block-ms"}
+
+
+def producer_properties(items: list[str] | None) -> dict[str, Any]:
+    """``["enable.idempotence=false", "retries=3"]`` -> ProducerConfig keywords; CliError for a malformed item,
+    an unknown name, a name that has its own option, or a value of the wrong type (range checks are
+    ProducerConfig's)."""
+    from client.producer import parse_bool
+    from common.config import ConfigError, parse_assignments
+
+    try:
+        given = parse_assignments(items or [])
+    except ConfigError as exc:
+        raise CliError(f"--producer-property: {exc}") from None
+    out: dict[str, Any] = {}
+    for key, raw in given.items():
+        if key in _PRODUCER_OPTIONS:
+            raise CliError(f"--producer-property {key}: use {_PRODUCER_OPTIONS[key]}")
+        if key not in PRODUCER_PROPERTIES:
+            raise CliError(f"--producer-property: unknown producer setting {key!r} "
+                           f"(settable here: {', '.join(PRODUCER_PROPERTIES)})")
+        try:
+            out[key.replace(".", "_")] = parse_bool(key, raw) if key == "enable.idempotence" else int(raw)
+        except ValueError:
+            raise CliError(f"--producer-property {key}: expected "
+                           f"{'true or false' if key == 'enable.idempotence' else 'an integer'}, got {raw!r}") from None
+    return out
+
+
 async def read_lines(stream: BinaryIO, chunk_bytes: int = 1 << 16) -> AsyncIterator[list[bytes]]:
     """Lines of ``stream`` (without their newline) in chunks, read off the event loop."""
     carry = b""
@@ -141,10 +177,12 @@ async def produce_main(args: argparse.Namespace, stdin: BinaryIO, out: TextIO) -
 
     RECORD_ERRORS = {ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.RECORD_LIST_TOO_LARGE}
 
+    settings: dict[str, Any] = {"request_timeout_ms": min(args.delivery_timeout_ms, 30_000)}
+    settings.update(producer_properties(args.producer_property))
     config = ProducerConfig(acks=parse_acks(args.acks), linger_ms=args.linger_ms, batch_size=args.batch_size,
                             max_in_flight_requests_per_connection=args.max_in_flight,
                             delivery_timeout_ms=args.delivery_timeout_ms, max_block_ms=args.max_block_ms,
-                            request_timeout_ms=min(args.delivery_timeout_ms, 30_000))
+                            **settings)
     if args.key_separator == "":
         raise CliError("--key-separator must not be empty")
     separator = args.key_separator.encode() if args.key_separator is not None else None
@@ -346,6 +384,13 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
                         "producer's buffer (default 10000)")
     p.add_argument("--progress-interval-ms", type=non_negative("--progress-interval-ms"), default=5_000,
                    help="progress line on stderr this often (0 = never; default 5000)")
+    p.add_argument("--producer-property", action="append", default=None, metavar="KEY=VALUE",
+                   help="a producer setting by its Kafka name, repeatable: "
+                        f"{', '.join(PRODUCER_PROPERTIES)}. enable.idempotence=true|false: the idempotent "
+                        "producer (retries never write a record twice); on by default with --acks all, off with "
+                        "--acks 0 or 1, and true with --acks 0 or 1 is an error. When only on by default and the "
+                        "brokers do not support it, records go without it (a warning); when set to true, they "
+                        "fail. request.timeout.ms defaults to the smaller of --delivery-timeout-ms and 30000")
     p.set_defaults(func=cmd_produce)
 
     c = sub.add_parser("consume", help="print records of a topic",

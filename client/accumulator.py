@@ -8,7 +8,15 @@ in flight (it is *muted* meanwhile): this keeps records of a partition in
 order across retries without the idempotent producer. Kafka lets up to
 ``max.in.flight.requests.per.connection`` batches of one partition fly and can
 reorder on retry; we chose ordering and make up for it by draining every ready
-batch of a partition into the same request.
+batch of a partition into the same request (at most ``max_batches`` of them:
+the idempotent producer passes 5, the number of batches a leader remembers per
+producer for deduplication).
+
+The batches drained together for a partition are a *group*: a retry resends
+exactly that group, never fewer batches and never merged with newer ones (the
+idempotent producer stamped them with consecutive sequences and a leader
+deduplicates a retried request as one unit, see the producer), and a group
+whose first batch expires expires whole.
 """
 
 from __future__ import annotations
@@ -44,6 +52,12 @@ class ProducerBatch:
     maybe_written: bool = False  # some attempt got an answer (or none) that does not rule out an append
     in_flight: bool = False  # an attempt is sent and not yet answered
     completion: Any = None  # the producer's asyncio.Future[int] for the base offset
+    # the batches drained with this one into its first request (itself included), in order; None until drained
+    group: list[ProducerBatch] | None = None
+    # the idempotent producer's stamp, set once when the batch is first drained (-1: not stamped)
+    producer_id: int = -1
+    producer_epoch: int = -1
+    base_sequence: int = -1
 
     def __len__(self) -> int:
         return len(self.records)
@@ -120,16 +134,33 @@ class RecordAccumulator:
         q = self._queues.get(tp)
         return q[0] if q else None
 
-    def drain(self, tp: TopicPartition, max_bytes: int, now_ms: int) -> list[ProducerBatch]:
-        """Pop the ready batches at the front of ``tp``'s queue, at least one, up to ``max_bytes``."""
+    def drain(self, tp: TopicPartition, max_bytes: int, now_ms: int, *, max_batches: int | None = None,
+              at_least_one: bool = True) -> list[ProducerBatch]:
+        """Pop the ready batches at the front of ``tp``'s queue, up to ``max_bytes`` and ``max_batches``;
+        at least one when ``at_least_one`` (the first partition of a request: a batch larger than the budget
+        must still go). A retried group comes out exactly as it was first drained (whole, or not at all
+        when it does not fit and ``at_least_one`` is False)."""
         q = self._queues.get(tp)
+        if not q or not self.is_ready(q[0], now_ms):
+            return []
+        group = q[0].group
+        if group is not None:
+            if not at_least_one and sum(b.size_bytes for b in group) > max_bytes:
+                return []
+            for batch in group:
+                assert q and q[0] is batch, "a retried group must sit whole at the front of its queue"
+                q.popleft()
+            return list(group)
         out: list[ProducerBatch] = []
         total = 0
-        while q and self.is_ready(q[0], now_ms):
-            if out and total + q[0].size_bytes > max_bytes:
+        while q and self.is_ready(q[0], now_ms) and q[0].group is None:
+            if max_batches is not None and len(out) >= max_batches:
+                break
+            if (out or not at_least_one) and total + q[0].size_bytes > max_bytes:
                 break
             batch = q.popleft()
             batch.closed = True
+            batch.group = out
             total += batch.size_bytes
             out.append(batch)
         return out
@@ -143,17 +174,31 @@ class RecordAccumulator:
             q.appendleft(batch)
 
     def expire(self, now_ms: int) -> list[ProducerBatch]:
-        """Remove and return queued batches whose delivery deadline passed."""
+        """Remove and return queued batches whose delivery deadline passed, with the rest of their group when
+        they were sent before (its batches only ever travel together)."""
         expired: list[ProducerBatch] = []
         for q in self._queues.values():
             while q and q[0].deadline_ms <= now_ms:
-                expired.append(q.popleft())
+                head = q[0]
+                for batch in head.group if head.group is not None else (head,):
+                    assert q and q[0] is batch, "a retried group must sit whole at the front of its queue"
+                    expired.append(q.popleft())
         return expired
 
     def release(self, batches: Iterable[ProducerBatch]) -> None:
         """Batches that are done (acknowledged or failed) no longer count against buffer.memory."""
         for batch in batches:
             self.buffered_bytes -= batch.size_bytes
+
+    def take_unstamped(self) -> list[ProducerBatch]:
+        """Remove and return every queued batch that was never drained (no producer id or sequence yet)."""
+        out: list[ProducerBatch] = []
+        for q in self._queues.values():
+            kept = [b for b in q if b.group is not None]
+            out += [b for b in q if b.group is None]
+            q.clear()
+            q.extend(kept)
+        return out
 
     def fail_all(self) -> list[ProducerBatch]:
         out = [b for q in self._queues.values() for b in q]

@@ -19,6 +19,8 @@ __all__ = [
     "MinibrokerError",
     "NoBrokersAvailableError",
     "ProducerClosedError",
+    "ProducerIdUnavailableError",
+    "UnsupportedVersionError",
     "error_for",
     "error_name",
     "is_definite_failure",
@@ -51,6 +53,21 @@ class ProducerClosedError(ClientError):
     """``send`` after ``close``."""
 
 
+class ProducerIdUnavailableError(ClientError):
+    """An idempotent producer got no producer id within ``max.block.ms`` (every broker unreachable, or still
+    answering COORDINATOR_LOAD_IN_PROGRESS); the records waiting for one fail with it, never sent (Kafka's
+    TimeoutException "Timeout expired after ...ms while awaiting InitProducerId")."""
+
+    code = ErrorCode.REQUEST_TIMED_OUT
+
+
+class UnsupportedVersionError(ClientError):
+    """The broker does not know an API the client needs (HTTP 404): here ``init_producer_id`` for
+    ``enable.idempotence=true`` (Kafka's UnsupportedVersionException, fatal for the producer)."""
+
+    code = ErrorCode.INVALID_REQUEST
+
+
 class CorruptRecordError(ClientError):
     """A fetched batch's records do not decode (Kafka's consumer: "Received exception when fetching the
     next record ... If needed, please seek past the record to continue consumption")."""
@@ -60,7 +77,10 @@ class CorruptRecordError(ClientError):
 
 # Answers a leader gives before it appends anything: a send that only ever got these (or was never sent)
 # definitely did not write. Anything else (a timeout, a lost connection, NOT_LEADER_OR_FOLLOWER, which a
-# delayed produce also returns after its append) leaves the outcome unknown.
+# delayed produce also returns after its append) leaves the outcome unknown. OUT_OF_ORDER_SEQUENCE_NUMBER and
+# INVALID_PRODUCER_EPOCH are deliberately not here: the leader appended nothing for *this* attempt, but they
+# come after an earlier attempt of the same batch whose answer was lost or refused, and that attempt may be
+# in the log (SPEC: not definite failures).
 NOT_APPENDED = frozenset({
     ErrorCode.NOT_ENOUGH_REPLICAS, ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.RECORD_LIST_TOO_LARGE,
     ErrorCode.CORRUPT_MESSAGE, ErrorCode.INVALID_RECORD, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
@@ -82,6 +102,10 @@ def error_name(exc: BaseException) -> str:
         return "BUFFER_EXHAUSTED"
     if isinstance(exc, NoBrokersAvailableError):
         return "NO_BROKERS_AVAILABLE"
+    if isinstance(exc, ProducerIdUnavailableError):
+        return "PRODUCER_ID_UNAVAILABLE"
+    if isinstance(exc, UnsupportedVersionError):
+        return "UNSUPPORTED_VERSION"
     if isinstance(exc, MinibrokerError) and not isinstance(exc, ClientError):
         return exc.code.name
     return type(exc).__name__

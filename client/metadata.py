@@ -175,6 +175,11 @@ class MetadataCache:
             check_topic(topic)
         self._topics.update(wanted)
 
+    def candidates(self) -> list[str]:
+        """Every known broker address (metadata's brokers, then the bootstrap list), rotated past brokers that
+        failed to answer: where to send a request that any broker can answer."""
+        return self._candidates()
+
     def _candidates(self) -> list[str]:
         known = [a for _, a in sorted(self.current.brokers.items())]
         seen: list[str] = []

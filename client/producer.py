@@ -15,7 +15,25 @@ connections) refresh metadata and retry after ``retry.backoff.ms`` until
 ``delivery.timeout.ms``; other errors fail the records with a typed error.
 With ``acks=0`` a record resolves with offset -1 as soon as its request is
 written (Kafka does the same); the answer is read and ignored.
-No idempotence: a retry after a lost answer may write a record twice.
+
+Idempotence (``enable.idempotence``, KIP-98 without transactions; on by
+default with acks=all, see ``ProducerConfig``): before its first batch the
+producer asks any broker for a producer id (``init_producer_id``), and each
+batch gets (producer id, epoch, base sequence) when it is first drained into a
+request, sequences counting records per partition from 0. A retry resends
+exactly the batches of the first attempt with the same stamps, so a leader
+that already appended them answers with their original offset instead of
+writing them again (DESIGN.md invariant 6). At most 5 batches of a partition
+go in one request (a leader remembers a producer's last 5 batches) and one
+request per partition is in flight, as without idempotence. A stamped batch
+that fails for good leaves a gap in its partition's sequences: the producer
+then takes a new producer id for the batches drained after it (Kafka's
+KIP-360 bumps the epoch of the same id instead; a new id needs no fencing of
+the batches still in flight with the old one, which keep their stamps).
+A broker that does not know ``init_producer_id`` (HTTP 404, a broker from
+before idempotence) turns idempotence off with a warning when it was only on
+by default, and fails the records when ``enable.idempotence=true`` was asked
+for (Kafka's UnsupportedVersionException).
 """
 
 from __future__ import annotations
@@ -34,10 +52,13 @@ from client.errors import (
     DeliveryTimeoutError,
     NoBrokersAvailableError,
     ProducerClosedError,
+    ProducerIdUnavailableError,
+    UnsupportedVersionError,
 )
 from client.metadata import MetadataCache, check_topic, parse_bootstrap
 from client.partitioner import StickyPartitioner
 from common.clock import Clock, SystemClock
+from common.config import ConfigError
 from common.errors import ErrorCode, MinibrokerError, error_for
 from common.http import RpcBadRequest, RpcClient, RpcConnectionError, RpcError
 from common.logging import get_logger
@@ -66,10 +87,25 @@ _CONFIG_RANGES: dict[str, tuple[int, int]] = {
     "max_block_ms": (0, _MAX_LONG),
 }
 
+# Kafka's MAX_NUM_INFLIGHT_BATCHES_PER_PARTITION: a leader keeps the last 5 batches of each producer to spot a
+# retried one, so one request (our unit of retry) carries at most 5 batches of a partition
+MAX_BATCHES_PER_PARTITION = 5
+_SEQUENCE_MASK = 2**31 - 1  # sequences are int32 and wrap from 2**31-1 to 0 (DefaultRecordBatch.incrementSequence)
+
 _REFRESH_ON = frozenset({ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                          ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.FENCED_LEADER_EPOCH,
                          ErrorCode.UNKNOWN_LEADER_EPOCH, ErrorCode.NETWORK_EXCEPTION,
                          ErrorCode.KAFKA_STORAGE_ERROR})
+
+
+def parse_bool(name: str, value: object) -> bool:
+    """``true``/``false`` (any case) or a bool, as Kafka's boolean settings; ValueError naming ``name``."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "false"):
+        return text == "true"
+    raise ValueError(f"{name} must be true or false, got {value!r}")
 
 
 def parse_acks(value: str | int) -> int:
@@ -94,6 +130,17 @@ class ProducerConfig:
     request_timeout_ms: int = 30_000
     delivery_timeout_ms: int = 120_000
     max_block_ms: int = 60_000
+    # None (not set): on when acks is all and retries > 0, else off (Kafka 3.2+). True with acks 0/1 or
+    # retries 0 is a ConfigError, as Kafka's. Kafka also ties it to max.in.flight.requests.per.connection <= 5;
+    # not here: that setting bounds requests per broker, and a partition never has more than one in flight.
+    enable_idempotence: bool | None = None
+
+    @property
+    def idempotence(self) -> bool:
+        """Whether the producer is idempotent (``enable.idempotence``, or its default for these settings)."""
+        if self.enable_idempotence is not None:
+            return self.enable_idempotence
+        return self.acks == -1 and self.retries > 0
 
     def __post_init__(self) -> None:
         if type(self.acks) is not int or self.acks not in (-1, 0, 1):  # not True, 1.0 or "1"
@@ -106,6 +153,16 @@ class ProducerConfig:
                                 f"got {type(value).__name__} {value!r}")
             if not lo <= value <= hi:
                 raise ValueError(f"{name.replace('_', '.')} must be an int in [{lo}, {hi}], got {value}")
+        if self.enable_idempotence is not None and type(self.enable_idempotence) is not bool:
+            raise TypeError(f"enable.idempotence must be True, False or None (the default), got "
+                            f"{type(self.enable_idempotence).__name__} {self.enable_idempotence!r}")
+        if self.enable_idempotence:
+            conflicts = ([f"acks={self.acks}"] if self.acks != -1 else []) + (
+                ["retries=0"] if self.retries == 0 else [])
+            if conflicts:
+                raise ConfigError(f"enable.idempotence=true needs acks=all and retries > 0, got "
+                                  f"{' and '.join(conflicts)}: set acks=all (and retries > 0), or "
+                                  "enable.idempotence=false")
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +223,8 @@ class Producer:
         if config is None:
             if "acks" in settings:
                 settings["acks"] = parse_acks(settings["acks"])
+            if settings.get("enable_idempotence") is not None:
+                settings["enable_idempotence"] = parse_bool("enable.idempotence", settings["enable_idempotence"])
             config = ProducerConfig(**settings)
         elif settings:
             raise TypeError("pass either config or keyword settings, not both")
@@ -197,6 +256,20 @@ class Producer:
         self._monotonic_ms = self._clock.monotonic_ms
         self._system_clock = type(self._clock) is SystemClock
         self._sticky = self._partitioner.current
+        # idempotence (see the module docstring); the producer id is -1 until init_producer_id answers
+        self._idempotent = config.idempotence
+        self._max_batches: int | None = MAX_BATCHES_PER_PARTITION if self._idempotent else None
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self._sequences: dict[TopicPartition, int] = {}  # next base sequence per partition, for producer_id
+        self._pid_task: asyncio.Task[None] | None = None
+        self._pid_fatal = ""  # why idempotence cannot work here (explicitly asked for, refused by the broker)
+
+    @property
+    def idempotent(self) -> bool:
+        """Whether batches drained from now on are stamped with a producer id (``config.idempotence``, unless
+        it was only on by default and the brokers turned out not to support it)."""
+        return self._idempotent
 
     async def __aenter__(self) -> Producer:
         await self.start()
@@ -385,20 +458,115 @@ class Producer:
             log.warning("producer_metadata_refresh_failed", error=str(exc))
         self._wake.set()
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.create_task(coro)
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
+
+    # -- the producer id (Kafka's TransactionManager, idempotent-only) -----------------------------
+
+    def _want_producer_id(self) -> None:
+        """Start asking for a producer id unless that is under way; when idempotence cannot work (asked for
+        explicitly, refused by the broker), fail the batches waiting for one."""
+        if self._pid_fatal:
+            self._fail(self._acc.take_unstamped(), UnsupportedVersionError(self._pid_fatal))
+        elif self._pid_task is None or self._pid_task.done():
+            self._pid_task = self._spawn(self._init_producer_id())
+
+    async def _init_producer_id(self) -> None:
+        """Ask the known brokers in turn for a producer id, retrying COORDINATOR_LOAD_IN_PROGRESS (the broker
+        has no block of ids from the controller yet), other errors and unreachable brokers every
+        ``retry.backoff.ms`` for up to ``max.block.ms``; then the batches waiting for an id fail
+        (ProducerIdUnavailableError: never sent), and the next batch starts another round."""
+        deadline = self._clock.monotonic_ms() + self.config.max_block_ms
+        body = {"transactional_id": None, "transaction_timeout_ms": self.config.delivery_timeout_ms,
+                "producer_id": -1, "producer_epoch": -1}
+        errors: list[str] = []
+        while not self._closed:
+            for address in self.metadata.candidates():
+                try:
+                    resp = await self._rpc.call(address, "init_producer_id", body,
+                                                timeout_s=self.config.request_timeout_ms / 1000)
+                except RpcBadRequest as exc:
+                    self._producer_id_refused(address, exc)
+                    return
+                except RpcError as exc:
+                    errors.append(str(exc))
+                    continue
+                raw = resp.get("error")
+                code = ErrorCode.of(raw) if type(raw) is int else ErrorCode.UNKNOWN_SERVER_ERROR
+                pid, epoch = resp.get("producer_id"), resp.get("producer_epoch")
+                if code is ErrorCode.NONE and type(pid) is int and 0 <= pid <= _MAX_LONG and type(
+                        epoch) is int and 0 <= epoch < 2**15:
+                    self.producer_id, self.producer_epoch = pid, epoch
+                    self._sequences.clear()
+                    log.info("producer_id_assigned", producer_id=pid, producer_epoch=epoch, broker=address)
+                    self._wake.set()
+                    return
+                errors.append(f"init_producer_id to {address}: {code.name}"
+                              + ("" if code is not ErrorCode.NONE else f" with producer id {pid!r}, epoch {epoch!r}"))
+            if self._clock.monotonic_ms() >= deadline:
+                break
+            await asyncio.sleep(self.config.retry_backoff_ms / 1000)
+        if self._closed:
+            return
+        log.warning("producer_id_unavailable", max_block_ms=self.config.max_block_ms, last_error=errors[-1:])
+        self._fail(self._acc.take_unstamped(), ProducerIdUnavailableError(
+            f"no producer id for the idempotent producer within max.block.ms={self.config.max_block_ms} "
+            f"(last error: {errors[-1] if errors else 'no broker known'})"))
+        self._wake.set()
+
+    def _producer_id_refused(self, address: str, exc: RpcBadRequest) -> None:
+        """HTTP 404: the broker predates init_producer_id. Without an explicit enable.idempotence, go on
+        without idempotence (a compatibility path, like Kafka 3.x's idempotence default meeting an old
+        broker); with it, every record fails with UnsupportedVersionError. Any other 4xx is a client bug."""
+        unknown_api = " HTTP 404" in str(exc)
+        if unknown_api and self.config.enable_idempotence is None:
+            log.warning("producer_idempotence_unsupported", broker=address,
+                        detail="the broker does not know init_producer_id; sending without idempotence "
+                               "(set enable.idempotence=true to make this an error)")
+            self._idempotent = False
+            self._max_batches = None
+        elif unknown_api:
+            self._pid_fatal = (f"enable.idempotence=true, but the broker at {address} does not support "
+                               "init_producer_id (HTTP 404: a broker without the idempotent producer); "
+                               "set enable.idempotence=false to produce without it")
+        else:
+            self._pid_fatal = f"init_producer_id refused: {exc}"
+        if self._pid_fatal:
+            self._fail(self._acc.take_unstamped(), UnsupportedVersionError(self._pid_fatal))
+        self._wake.set()
+
+    def _new_producer_id_after(self, batches: Sequence[ProducerBatch]) -> None:
+        """A batch stamped with the current producer id failed for good: its sequences are a gap the leader
+        would answer OUT_OF_ORDER_SEQUENCE_NUMBER to, so batches drained from now on get a new producer id
+        (sequences from 0). Batches stamped already keep their stamps (SPEC; Kafka's KIP-360 instead waits for
+        them and bumps the epoch). A batch that failed before it was ever drained holds no sequence."""
+        if self.producer_id < 0 or not any(b.producer_id == self.producer_id for b in batches):
+            return
+        head = batches[0]
+        log.info("producer_id_reset", producer_id=self.producer_id, topic=head.tp.topic,
+                 partition=head.tp.partition, base_sequence=head.base_sequence)
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self._sequences.clear()
+        self._wake.set()
 
     def _send_ready(self) -> int | None:
         """Send every ready batch whose leader has room; returns ms until the next batch is ready."""
         now = self._clock.monotonic_ms()
         md = self.metadata.current
         for batch in self._acc.expire(now):
-            why = batch.last_error or ("LEADER_NOT_AVAILABLE" if md.leader_address(batch.tp) is None else "")
+            why = batch.last_error or ("LEADER_NOT_AVAILABLE" if md.leader_address(batch.tp) is None else "") or (
+                "waiting for a producer id" if self._idempotent and batch.group is None else "")
             self._fail([batch], DeliveryTimeoutError(f"not acknowledged within delivery.timeout.ms="
                                                      f"{self.config.delivery_timeout_ms}"
                                                      + (f" (last error {why})" if why else "")))
+        # an idempotent producer drains a batch for the first time only with a producer id to stamp it with;
+        # retried batches (stamped already) go on meanwhile
+        waiting_for_id = self._idempotent and self.producer_id < 0
+        need_id = False
         by_leader: dict[str, list[TopicPartition]] = {}
         next_ms: int | None = None
         for tp in self._acc.partitions():
@@ -406,6 +574,9 @@ class Producer:
                 continue
             head = self._acc.head(tp)
             assert head is not None
+            if waiting_for_id and head.group is None:
+                need_id = True  # asked for below; woken when it arrives
+                continue
             if not self._acc.is_ready(head, now):
                 wait = max(1, self._acc.next_ready_ms(head) - now)
                 next_ms = wait if next_ms is None else min(next_ms, wait)
@@ -417,6 +588,8 @@ class Producer:
                                                                                    self.config.retry_backoff_ms)
                 continue
             by_leader.setdefault(leader[1], []).append(tp)
+        if need_id:
+            self._want_producer_id()
         for address, tps in by_leader.items():
             if self._in_flight.get(address, 0) >= self.config.max_in_flight_requests_per_connection:
                 continue
@@ -434,9 +607,11 @@ class Producer:
         budget = self.config.max_request_size * 9 // 10
         drained: dict[TopicPartition, list[ProducerBatch]] = {}
         for tp in tps:
-            batches = self._acc.drain(tp, budget, now)
+            batches = self._acc.drain(tp, budget, now, max_batches=self._max_batches, at_least_one=not drained)
             if not batches:
                 continue
+            if self._idempotent and batches[0].attempts == 0:  # drained for the first time: stamp it
+                self._stamp(tp, batches)
             drained[tp] = batches
             budget -= sum(b.size_bytes for b in batches)
             if budget <= 0:
@@ -447,10 +622,25 @@ class Producer:
         self._in_flight[address] = self._in_flight.get(address, 0) + 1
         self._spawn(self._produce(address, drained))
 
+    def _stamp(self, tp: TopicPartition, batches: list[ProducerBatch]) -> None:
+        """Give fresh batches the producer id and their partition's next sequences (Kafka assigns them at
+        drain too, RecordAccumulator.drainBatchesForOneNode): kept for every retry of these batches."""
+        assert self.producer_id >= 0
+        seq = self._sequences.get(tp, 0)
+        for b in batches:
+            b.producer_id = self.producer_id
+            b.producer_epoch = self.producer_epoch
+            b.base_sequence = seq
+            seq = (seq + len(b.records)) & _SEQUENCE_MASK
+        self._sequences[tp] = seq
+
     def _request(self, drained: dict[TopicPartition, list[ProducerBatch]]) -> dict[str, Any]:
         topics: dict[str, list[dict[str, Any]]] = {}
         for tp, batches in drained.items():
-            data = b"".join(build_batch(b.records, timestamp_ms=b.records[0][2]) for b in batches)
+            # rebuilt on each attempt from the records and the stamp: the same bytes every time
+            data = b"".join(build_batch(b.records, timestamp_ms=b.records[0][2], producer_id=b.producer_id,
+                                        producer_epoch=b.producer_epoch, base_sequence=b.base_sequence)
+                            for b in batches)
             topics.setdefault(tp.topic, []).append({"partition": tp.partition, "records": data})
         return {"acks": self.config.acks, "timeout_ms": self.config.request_timeout_ms,
                 "topics": [{"topic": t, "partitions": ps} for t, ps in topics.items()]}
@@ -553,6 +743,8 @@ class Producer:
         may have been written (``client.errors.is_definite_failure``)."""
         exc.definite_failure = definite and not any(  # type: ignore[attr-defined]
             b.maybe_written or b.in_flight for b in batches)
+        if self._idempotent:
+            self._new_producer_id_after(batches)
         for b in batches:
             if b.completion is not None and not b.completion.done():
                 b.completion.set_exception(exc)

@@ -105,6 +105,31 @@ async def test_an_oversized_line_fails_alone_and_the_next_lines_are_still_sent(f
     assert out.splitlines() == ["first", "last"]
 
 
+async def test_produce_is_idempotent_by_default_and_producer_properties_turn_it_off(fake: FakeCluster) -> None:
+    status, _, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "0", stdin=b"a\n")
+    assert status == 0, err
+    status, _, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "0",
+                               "--producer-property", "enable.idempotence=false", "--producer-property", "retries=3",
+                               stdin=b"b\n")
+    assert status == 0, err
+    pids = [h.producer_id for h in fake.headers(TopicPartition(TOPIC, 0))]
+    assert pids[0] >= 0 and pids[1] == -1 and fake.init_requests == 1
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--acks", "1", "--producer-property", "enable.idempotence=true"], "enable.idempotence=true needs acks=all"),
+    (["--producer-property", "enable.idempotence=maybe"], "enable.idempotence: expected true or false"),
+    (["--producer-property", "linger.ms=3"], "linger.ms: use --linger-ms"),
+    (["--producer-property", "compression.type=zstd"], "unknown producer setting 'compression.type'"),
+    (["--producer-property", "retries"], "expected key=value"),
+    (["--producer-property", "retries=-1"], "retries must be an int in [0, "),
+])
+async def test_bad_producer_properties_are_one_line_errors(fake: FakeCluster, argv: list[str], message: str) -> None:
+    status, _, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap, *argv, stdin=b"x\n")
+    assert status != 0 and message in err and "Traceback" not in err, err
+    assert fake.produce_requests == 0
+
+
 async def test_unknown_topic_and_partition_are_one_line_errors(fake: FakeCluster) -> None:
     status, _, err = await run("produce", "nope", "--bootstrap", fake.bootstrap, "--max-block-ms", "300",
                                stdin=b"x\n")

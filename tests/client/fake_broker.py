@@ -5,14 +5,27 @@ Each fake broker is a real aiohttp server on 127.0.0.1 port 0; all share one
 in-memory log of stamped batches (``storage.record_batch``). The HW equals the
 LEO unless a test holds it back (``hw_lag``). Tests move leaders, inject
 per-partition errors and stop servers to drive the client's error handling.
+
+Idempotent producers (SPEC: KIP-98 without transactions): ``init_producer_id``
+hands out distinct ids (after the injected ``init_errors``; a 404 when
+``supports_idempotence`` is False, as a broker from before idempotence), and a
+produce whose batches carry ``producer_id >= 0`` goes through the leader's
+checks of ``check_sequences`` (Kafka's ProducerStateManager: the last 5
+batches per producer id, duplicates answered with their original offset,
+gaps refused with OUT_OF_ORDER_SEQUENCE_NUMBER). The state is per partition,
+shared by every fake broker, as if followers rebuilt it from the replicated
+batches. ``lose_answers[tp] = n``: the next ``n`` produce requests that append
+to ``tp`` append, then lose their answer (the connection is cut), so the
+client retries what was written.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import defaultdict, deque
-from collections.abc import AsyncIterator
+import itertools
+from collections import Counter, defaultdict, deque
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +33,72 @@ from aiohttp import web
 
 from common.errors import ErrorCode
 from common.wire import CONTENT_TYPE, TopicPartition, decode_body, encode
-from storage.record_batch import iter_batches, stamp
+from storage.record_batch import BatchHeader, iter_batches, stamp
+
+SEQUENCE_MASK = 2**31 - 1
+CACHED_BATCHES = 5  # Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN
+
+
+def last_sequence(h: BatchHeader) -> int:
+    return (h.base_sequence + h.record_count - 1) & SEQUENCE_MASK
+
+
+@dataclass
+class ProducerEntry:
+    """One producer id's state on a partition: its epoch and its last batches
+    (first sequence, last sequence, first offset, last offset)."""
+
+    epoch: int
+    batches: deque[tuple[int, int, int, int]] = field(default_factory=lambda: deque(maxlen=CACHED_BATCHES))
+
+
+def check_sequences(producers: dict[int, ProducerEntry], headers: Sequence[BatchHeader]) -> tuple[ErrorCode, int]:
+    """The leader's checks (SPEC "Produce with producer ids") of one partition's batches of one request, as a
+    unit: ``(NONE, base_offset)`` when every idempotent batch duplicates consecutive cached batches (nothing
+    to append; answer with the first one's original offset), ``(NONE, -1)`` to append them all, else the
+    error and -1 (nothing appended)."""
+    idempotent = [h for h in headers if h.producer_id >= 0]
+    if not idempotent:
+        return ErrorCode.NONE, -1
+    if any(h.producer_epoch < 0 or h.base_sequence < 0 for h in idempotent):
+        return ErrorCode.INVALID_RECORD, -1
+    duplicates = []
+    for h in idempotent:
+        entry = producers.get(h.producer_id)
+        found = None
+        if entry is not None and entry.epoch == h.producer_epoch:
+            for i, (first, last, first_offset, _) in enumerate(entry.batches):
+                if (first, last) == (h.base_sequence, last_sequence(h)):
+                    found = (h.producer_id, i, first_offset)
+        duplicates.append(found)
+    if all(d is not None for d in duplicates):
+        consecutive = all(a is not None and b is not None and a[0] == b[0] and b[1] == a[1] + 1
+                          for a, b in itertools.pairwise(duplicates))
+        first_dup = duplicates[0]
+        assert first_dup is not None
+        return (ErrorCode.NONE, first_dup[2]) if consecutive else (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, -1)
+    if any(d is not None for d in duplicates):
+        return ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, -1
+    # each batch against the state the previous one leaves: (epoch, last sequence) per producer id
+    state = {pid: (e.epoch, e.batches[-1][1] if e.batches else None) for pid, e in producers.items()}
+    for h in idempotent:
+        epoch, last = state.get(h.producer_id, (None, None))
+        if epoch is not None and h.producer_epoch < epoch:
+            return ErrorCode.INVALID_PRODUCER_EPOCH, -1
+        if epoch is not None and h.producer_epoch > epoch and h.base_sequence != 0:
+            return ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, -1
+        if epoch == h.producer_epoch and last is not None and h.base_sequence != (last + 1) & SEQUENCE_MASK:
+            return ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, -1
+        state[h.producer_id] = (h.producer_epoch, last_sequence(h))  # an unknown id: any sequence
+    return ErrorCode.NONE, -1
+
+
+def remember(producers: dict[int, ProducerEntry], h: BatchHeader, base_offset: int) -> None:
+    """Record an appended idempotent batch (a new epoch starts a fresh entry)."""
+    entry = producers.get(h.producer_id)
+    if entry is None or entry.epoch != h.producer_epoch:
+        entry = producers[h.producer_id] = ProducerEntry(h.producer_epoch)
+    entry.batches.append((h.base_sequence, last_sequence(h), base_offset, base_offset + h.last_offset_delta))
 
 
 @dataclass
@@ -32,6 +110,7 @@ class FakePartition:
     log_start_offset: int = 0
     log_end_offset: int = 0
     hw_lag: int = 0
+    producers: dict[int, ProducerEntry] = field(default_factory=dict)  # idempotent producers' state
 
     @property
     def high_watermark(self) -> int:
@@ -47,6 +126,18 @@ class FakeCluster:
         self.produce_requests = 0
         self.base_offset_in_answers = True  # False: successful produce answers leave base_offset out
         self.changed = asyncio.Condition()
+        self.supports_idempotence = True  # False: init_producer_id is an unknown path (HTTP 404)
+        self.init_errors: deque[ErrorCode] = deque()  # answered by init_producer_id before it succeeds
+        self.init_requests = 0
+        self.next_producer_id = 1000
+        self.lose_answers: Counter[TopicPartition] = Counter()
+        self.lost_answers = 0
+        self.duplicates_answered = 0  # produce answers that were a duplicate's original offset
+        self.batches_per_partition: list[int] = []  # batches of one partition in each produce request
+
+    def headers(self, tp: TopicPartition) -> list[BatchHeader]:
+        """The headers of ``tp``'s stored batches, in log order."""
+        return [h for _, _, data in self.partitions[tp].batches for _, h in iter_batches(data)]
 
     def create_topic(self, topic: str, partitions: int, leaders: list[int] | None = None) -> None:
         ids = sorted(self.addresses)
@@ -66,7 +157,7 @@ class FakeCluster:
     async def start(self, brokers: int) -> None:
         for node_id in range(1, brokers + 1):
             app = web.Application()
-            for api in ("metadata", "produce", "fetch", "list_offsets"):
+            for api in ("metadata", "produce", "fetch", "list_offsets", "init_producer_id"):
                 app.router.add_post(f"/v1/{api}", self._handler(node_id, api))
             runner = web.AppRunner(app)
             await runner.setup()
@@ -87,8 +178,13 @@ class FakeCluster:
 
     def _handler(self, node_id: int, api: str) -> Any:
         async def handle(request: web.Request) -> web.Response:
+            if api == "init_producer_id" and not self.supports_idempotence:
+                return web.Response(status=404, text=f"no such path: {request.path}")  # as broker/server.py
             body = decode_body(await request.read())
             result = await getattr(self, f"_{api}")(node_id, body)
+            if result.pop("lose_answer", False):
+                assert request.transport is not None
+                request.transport.abort()  # appended, but the client never hears of it
             return web.Response(body=encode(result), content_type=CONTENT_TYPE)
         return handle
 
@@ -116,8 +212,17 @@ class FakeCluster:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
         return ErrorCode.NONE
 
+    async def _init_producer_id(self, node_id: int, body: dict[str, Any]) -> dict[str, Any]:
+        self.init_requests += 1
+        assert body["transactional_id"] is None and body["producer_id"] == -1 and body["producer_epoch"] == -1
+        if self.init_errors:
+            return {"error": int(self.init_errors.popleft()), "producer_id": -1, "producer_epoch": -1}
+        self.next_producer_id += 1
+        return {"error": 0, "producer_id": self.next_producer_id - 1, "producer_epoch": 0}
+
     async def _produce(self, node_id: int, body: dict[str, Any]) -> dict[str, Any]:
         self.produce_requests += 1
+        lose = False
         topics = []
         for t in body["topics"]:
             parts = []
@@ -133,11 +238,27 @@ class FakeCluster:
                 part = self.partitions[tp]
                 base = part.log_end_offset
                 buf = bytearray(p["records"])
-                for pos, header in list(iter_batches(bytes(buf))):
+                batches = list(iter_batches(bytes(buf)))
+                self.batches_per_partition.append(len(batches))
+                code, duplicate_of = check_sequences(part.producers, [h for _, h in batches])
+                if code is not ErrorCode.NONE:
+                    parts.append({"partition": tp.partition, "error": int(code), "base_offset": -1,
+                                  "log_start_offset": -1})
+                    continue
+                if duplicate_of >= 0:
+                    self.duplicates_answered += 1
+                    base = duplicate_of
+                    batches = []
+                for pos, header in batches:
                     stamp(buf, pos, base_offset=part.log_end_offset, partition_leader_epoch=part.leader_epoch)
                     start = part.log_end_offset
+                    if header.producer_id >= 0:
+                        remember(part.producers, header, start)
                     part.log_end_offset += header.last_offset_delta + 1
                     part.batches.append((start, part.log_end_offset, bytes(buf[pos:pos + header.size])))
+                if batches and self.lose_answers[tp] > 0:
+                    self.lose_answers[tp] -= 1
+                    lose = True
                 answer = {"partition": tp.partition, "error": 0, "base_offset": base,
                           "log_start_offset": part.log_start_offset}
                 if not self.base_offset_in_answers:
@@ -146,6 +267,9 @@ class FakeCluster:
             topics.append({"topic": t["topic"], "partitions": parts})
         async with self.changed:
             self.changed.notify_all()
+        if lose:
+            self.lost_answers += 1
+            return {"topics": topics, "lose_answer": True}
         return {"topics": topics}
 
     def _read(self, node_id: int, tp: TopicPartition, offset: int, max_bytes: int) -> dict[str, Any]:

@@ -110,7 +110,35 @@ def test_drain_takes_ready_batches_in_order_within_the_byte_budget() -> None:
     a.requeue(first, retry_at_ms=50)
     assert a.drain(TP0, max_bytes=10_000, now_ms=10) == []  # backing off
     again = a.drain(TP0, max_bytes=10_000, now_ms=60)
-    assert [b.records[0][2] for b in again] == [0, 1, 3, 4]
+    assert again == first  # a retry resends exactly its first request's batches, not merged with 3 and 4
+    assert [b.records[0][2] for b in a.drain(TP0, max_bytes=10_000, now_ms=60)] == [3, 4]
+
+
+def test_drain_caps_batches_and_keeps_a_retried_group_whole() -> None:
+    size = record_size(None, b"x" * 50)
+    a = acc(batch_size=size, linger_ms=0)
+    for i in range(8):
+        a.append(TP0, None, b"x" * 50, i, now_ms=0)
+    first = a.drain(TP0, max_bytes=10_000, now_ms=0, max_batches=5)
+    assert [b.records[0][2] for b in first] == [0, 1, 2, 3, 4]
+    a.requeue(first, retry_at_ms=0)
+    # a group that does not fit a request that has other partitions already waits for the next request...
+    assert a.drain(TP0, max_bytes=2 * size, now_ms=0, at_least_one=False) == []
+    # ...and is never split: alone in a request it goes whole, even over the budget
+    assert a.drain(TP0, max_bytes=1, now_ms=0) == first
+    assert a.drain(TP0, max_bytes=size - 1, now_ms=0, at_least_one=False) == []  # fresh batches too
+    assert [b.records[0][2] for b in a.drain(TP0, max_bytes=1, now_ms=0)] == [5]
+
+
+def test_a_retried_group_expires_whole() -> None:
+    a = RecordAccumulator(batch_size=record_size(None, b"v"), linger_ms=0, delivery_timeout_ms=100)
+    a.append(TP0, None, b"v", 0, now_ms=0)
+    a.append(TP0, None, b"v", 1, now_ms=50)
+    a.append(TP0, None, b"v", 2, now_ms=60)
+    group = a.drain(TP0, max_bytes=10_000, now_ms=60, max_batches=2)
+    a.requeue(group, retry_at_ms=0)
+    assert a.expire(now_ms=100) == group  # the second batch's deadline (150) has not passed: it goes too
+    assert [b.records[0][2] for b in a.drain(TP0, max_bytes=10_000, now_ms=100)] == [2]
 
 
 def test_expired_batches_are_removed() -> None:
@@ -129,17 +157,28 @@ def test_accumulator_keeps_partition_order_through_retries(ops: list[tuple[int, 
     a = acc(batch_size=60, linger_ms=0)
     sent: dict[TopicPartition, list[int]] = {TP0: [], TP1: []}
     delivered: dict[TopicPartition, list[int]] = {TP0: [], TP1: []}
+    failed: dict[TopicPartition, list[list[object]]] = {TP0: [], TP1: []}  # groups waiting for their retry
+
+    def take(tp: TopicPartition, batches: list[object]) -> None:
+        if failed[tp]:  # a retry is exactly the failed request's batches
+            assert batches == failed[tp].pop(0)
+
     for seq, (p, size, fail) in enumerate(ops):
         tp = TopicPartition("t", p)
         a.append(tp, None, b"x" * size, seq, now_ms=seq)
         sent[tp].append(seq)
-        batches = a.drain(tp, max_bytes=100, now_ms=seq + 1000)
+        batches = a.drain(tp, max_bytes=100, now_ms=seq + 1000, max_batches=3)
+        assert len(batches) <= 3
+        take(tp, list(batches))
         if fail:
             a.requeue(batches, retry_at_ms=0)
+            failed[tp].append(list(batches))
         else:
             delivered[tp] += [r[2] for b in batches for r in b.records]
     for tp in (TP0, TP1):
-        delivered[tp] += [r[2] for b in a.drain(tp, max_bytes=10**9, now_ms=10**9) for r in b.records]
+        while batches := a.drain(tp, max_bytes=10**9, now_ms=10**9):
+            take(tp, list(batches))
+            delivered[tp] += [r[2] for b in batches for r in b.records]
         assert delivered[tp] == sent[tp]
 
 
