@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from cli.clients import add_bootstrap, bootstrap_of, run_client
+from cli.clients import add_bootstrap, bootstrap_of, producer_properties, run_client
 from cli.main import CliError
 from common.cli_args import non_negative, number, positive
 
@@ -171,9 +171,13 @@ def check_e2e(args: argparse.Namespace) -> None:
 def producer_config(args: argparse.Namespace) -> Any:
     from client.producer import ProducerConfig, parse_acks
 
+    extra = producer_properties(args.producer_property)  # Kafka's perf tool: --producer-props
+    for key, option in (("buffer_memory", "--buffer-memory"), ("max_request_size", "--max-request-size")):
+        if key in extra:
+            raise CliError(f"--producer-property {key.replace('_', '.')}: use {option}")
     return ProducerConfig(acks=parse_acks(args.acks), batch_size=args.batch_size, linger_ms=args.linger_ms,
                           max_in_flight_requests_per_connection=args.max_in_flight,
-                          buffer_memory=args.buffer_memory, max_request_size=args.max_request_size)
+                          buffer_memory=args.buffer_memory, max_request_size=args.max_request_size, **extra)
 
 
 async def produce_main(args: argparse.Namespace, out: TextIO) -> int:
@@ -355,6 +359,10 @@ def _producer_args(q: argparse.ArgumentParser) -> None:
                    help="buffer.memory in bytes (default 33554432, 32 MiB)")
     q.add_argument("--max-request-size", type=positive("--max-request-size"), default=1024 * 1024,
                    help="max.request.size in bytes (default 1048576, 1 MiB); bounds --record-size")
+    q.add_argument("--producer-property", action="append", default=None, metavar="KEY=VALUE",
+                   help="another producer setting by its Kafka name, repeatable (Kafka's --producer-props): "
+                        "enable.idempotence (default true with --acks all), retries, retry.backoff.ms, "
+                        "request.timeout.ms")
 
 
 def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAction[Any]) -> None:

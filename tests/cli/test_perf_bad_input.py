@@ -102,3 +102,20 @@ def test_large_payload_is_built_without_a_per_byte_loop() -> None:
     assert len(payload) == 50_000_000
     for i in (0, 25, 26, 12_345_677, 49_999_999):
         assert payload[i] == b"ABCDEFGHIJKLMNOPQRSTUVWXYZ"[(i * 7 + 3) % 26]
+
+
+@pytest.mark.parametrize("command", ["produce", "e2e"])
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--acks", "1", "--producer-property", "enable.idempotence=true"], "enable.idempotence=true needs acks=all"),
+    (["--producer-property", "buffer.memory=1"], "--producer-property buffer.memory: use --buffer-memory"),
+    (["--producer-property", "linger.ms=1"], "--producer-property linger.ms: use --linger-ms"),
+    (["--producer-property", "nope=1"], "unknown producer setting 'nope'"),
+])
+async def test_producer_properties_are_checked_before_any_broker_is_contacted(
+        listener: socket.socket, command: str, extra: list[str], message: str) -> None:
+    status, out, err = await run("perf", command, "--topic", "t", "--num-records", "1", "--record-size", "100",
+                                 *extra, "--bootstrap", f"127.0.0.1:{listener.getsockname()[1]}", timeout_s=30)
+    assert status == 2
+    assert message in one_error_line(err)
+    assert out == ""
+    assert_nobody_connected(listener)
