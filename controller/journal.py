@@ -128,15 +128,7 @@ class Journal:
         path = data_dir / JOURNAL_NAME
         raw = path.read_bytes() if path.exists() else b""
         frames, valid = read_frames(raw)
-        replayed = 0
-        for frame in frames:
-            frame_offset = int(frame.get("offset", -1))
-            if frame_offset <= offset:
-                continue
-            for d in frame.get("records") or []:
-                image.apply(record_from_dict(d))
-                replayed += 1
-            offset = frame_offset
+        offset, replayed = _apply_frames(image, frames, offset)
         if valid < len(raw):
             _refuse_damage_before_valid_frames(path, raw, valid)
             with open(path, "r+b") as f:
@@ -209,6 +201,21 @@ class Journal:
             self._lock_fd = -1
 
 
+def _apply_frames(image: MetadataImage, frames: list[dict[str, Any]], offset: int) -> tuple[int, int]:
+    """Apply the records of the frames after ``offset`` (a snapshot at ``offset`` covers the others);
+    -> (the last frame's offset, records applied)."""
+    replayed = 0
+    for frame in frames:
+        frame_offset = int(frame.get("offset", -1))
+        if frame_offset <= offset:
+            continue
+        for d in frame.get("records") or []:
+            image.apply(record_from_dict(d))
+            replayed += 1
+        offset = frame_offset
+    return offset, replayed
+
+
 def _refuse_damage_before_valid_frames(path: Path, raw: bytes, bad: int) -> None:
     """``JournalCorruptError`` when the frame at ``bad`` fails its checks but a whole frame follows it.
 
@@ -267,13 +274,7 @@ def read_image(data_dir: Path) -> MetadataImage:
     if valid < len(raw):
         _refuse_damage_before_valid_frames(path, raw, valid)
     try:
-        for frame in frames:
-            frame_offset = int(frame.get("offset", -1))
-            if frame_offset <= offset:
-                continue
-            for d in frame.get("records") or []:
-                image.apply(record_from_dict(d))
-            offset = frame_offset
+        _apply_frames(image, frames, offset)
     except (KeyError, TypeError, ValueError) as exc:
         raise JournalCorruptError(f"{path}: a journal frame does not decode: {exc}") from exc
     return image
