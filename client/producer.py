@@ -727,6 +727,20 @@ class Producer:
                 f"not acknowledged within delivery.timeout.ms={self.config.delivery_timeout_ms} "
                 f"(last error {code.name})"))
             return
+        if (code is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER and len(batches) > 1 and head.attempts > 1
+                and not self._closed):
+            # A retried group that a new leader holds only in part (its predecessor's follower fetched, or
+            # recovery kept, a prefix of the group) is refused whole: the leader deduplicates a group only as
+            # one unit. Kafka sends one batch per partition per request and so never meets this; here the
+            # group is split and its batches retried one by one, in order: those in the log are answered with
+            # their original offsets, the rest appended.
+            log.info("producer_split_group", topic=head.tp.topic, partition=head.tp.partition,
+                     batches=len(batches), base_sequence=head.base_sequence)
+            for b in batches:
+                b.group = [b]
+                b.last_error = code.name
+            self._acc.requeue(batches, now)
+            return
         if code.retriable and head.attempts <= self.config.retries and not self._closed:
             log.info("producer_retry", topic=head.tp.topic, partition=head.tp.partition, error=code.name,
                      attempts=head.attempts, message=message)

@@ -131,6 +131,9 @@ class FakeCluster:
         self.init_requests = 0
         self.next_producer_id = 1000
         self.lose_answers: Counter[TopicPartition] = Counter()
+        # tp -> n: the next request carrying more than n batches of tp appends only its first n and loses the
+        # answer (what a new leader holds when its follower fetch, or recovery, kept a prefix of a request)
+        self.append_prefix_and_lose: dict[TopicPartition, int] = {}
         self.lost_answers = 0
         self.duplicates_answered = 0  # produce answers that were a duplicate's original offset
         self.batches_per_partition: list[int] = []  # batches of one partition in each produce request
@@ -249,6 +252,11 @@ class FakeCluster:
                     self.duplicates_answered += 1
                     base = duplicate_of
                     batches = []
+                prefix = self.append_prefix_and_lose.get(tp)
+                if prefix is not None and len(batches) > prefix:
+                    del self.append_prefix_and_lose[tp]
+                    batches = batches[:prefix]
+                    lose = True
                 for pos, header in batches:
                     stamp(buf, pos, base_offset=part.log_end_offset, partition_leader_epoch=part.leader_epoch)
                     start = part.log_end_offset

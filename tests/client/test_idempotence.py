@@ -189,6 +189,23 @@ async def test_a_lost_answer_for_several_batches_resolves_each_record_at_its_off
     assert max(fake.batches_per_partition) == 5
 
 
+async def test_a_retried_group_the_leader_holds_in_part_is_split_not_failed(fake: FakeCluster) -> None:
+    """A new leader that holds only the first batch of a retried group refuses the group as out of order
+    (it deduplicates a group as one unit); the producer retries its batches one by one: the first is answered
+    as a duplicate, the second appended, and every record is acknowledged at its offset, once."""
+    per_batch = 3
+    config = fast(batch_size=per_batch * record_size(None, b"%03d" % 0), linger_ms=60_000)
+    fake.append_prefix_and_lose[TP0] = 1
+    async with Producer(fake.bootstrap, config) as producer:
+        await producer.partitions_for(TOPIC)
+        futures = [producer.send_nowait(TOPIC, b"%03d" % i, partition=0) for i in range(6)]  # two full batches
+        await producer.flush()
+        offsets = [(await f).offset for f in futures if f is not None]
+    assert offsets == list(range(6))
+    assert log_values(fake, TP0) == [b"%03d" % i for i in range(6)]
+    assert fake.lost_answers == 1 and fake.duplicates_answered == 1
+
+
 async def test_a_retry_is_never_merged_with_newer_batches(fake: FakeCluster) -> None:
     """The leader takes a request's batches of a partition as one unit: a retry that added newer batches to
     the duplicates would be refused (OUT_OF_ORDER_SEQUENCE_NUMBER), so it resends exactly the first ones."""
