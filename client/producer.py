@@ -25,7 +25,10 @@ exactly the batches of the first attempt with the same stamps, so a leader
 that already appended them answers with their original offset instead of
 writing them again (DESIGN.md invariant 6). At most 5 batches of a partition
 go in one request (a leader remembers a producer's last 5 batches) and one
-request per partition is in flight, as without idempotence. A stamped batch
+request per partition is in flight, as without idempotence. A retried request
+that a new leader holds only in part is refused as out of order (a leader
+deduplicates a request's batches as one unit); its batches are then retried
+one by one. A stamped batch
 that fails for good leaves a gap in its partition's sequences: the producer
 then takes a new producer id for the batches drained after it (Kafka's
 KIP-360 bumps the epoch of the same id instead; a new id needs no fencing of
