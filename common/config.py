@@ -50,6 +50,9 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _defs(
     ConfigDef("log.retention.check.interval.ms", int, 300_000, "how often retention runs", None, 1),
     ConfigDef("log.flush.offset.checkpoint.interval.ms", int, 60_000,
               "recovery-point checkpoint interval", None, 1, max_value=INT32_MAX),
+    ConfigDef("producer.id.expiration.ms", int, DAY_MS,
+              "a producer id with no append for this long is forgotten (its retries are no longer deduplicated)",
+              None, 1, max_value=INT32_MAX),
     ConfigDef("message.max.bytes", int, 1024 * 1024 + 12, "largest record batch accepted",
               "max.message.bytes", 0, max_value=INT32_MAX),
     # replication

@@ -2,7 +2,8 @@
 
 Directory ``<data-dir>/<topic>-<partition>/`` holds the segments
 (``<20-digit base>.log/.index/.timeindex``, see ``storage.segment`` and
-``storage.index``) and ``leader-epoch-checkpoint`` (``storage.checkpoint``).
+``storage.index``), ``leader-epoch-checkpoint`` (``storage.checkpoint``) and,
+after a clean close, ``producer-state.snapshot`` (``_load_producer_state``).
 The recovery point and log start offset are persisted by the ``LogManager``'s
 checkpoint files; the high watermark is not the log's business.
 
@@ -72,7 +73,7 @@ from common.wire import TopicPartition
 from storage import checkpoint
 from storage import index as ix
 from storage.epoch_cache import EpochEntry, LeaderEpochCache
-from storage.producer_state import ProducerBatch, ProducerStateManager
+from storage.producer_state import ProducerBatch, ProducerStateManager, decode_snapshot, encode_snapshot
 from storage.record_batch import (
     HEADER_SIZE,
     LOG_OVERHEAD,
@@ -85,6 +86,7 @@ from storage.record_batch import (
 from storage.segment import BatchMeta, LogSegment, log_path, segment_base
 
 EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
+PRODUCER_SNAPSHOT = "producer-state.snapshot"  # written by close, read by open (see _load_producer_state)
 DELETED_DIR_SUFFIX = "-delete"  # a partition directory renamed for removal (Log.delete)
 _NEVER_MS = 2**63 - 1  # flush.ms default: no time-based flush
 LATEST_TIMESTAMP = -1
@@ -194,6 +196,7 @@ class Log:
         self.recovery_point = 0
         self.epoch_cache = LeaderEpochCache()
         self.producer_state = ProducerStateManager()
+        self._snapshot_offset: int | None = None  # the offset of the producer snapshot on disk, if any
         self.defer_roll_flush = False
         self.defer_file_deletion = False  # LogManager: deleted segments are renamed, then unlinked off the loop
         self._pending_deletions: list[Path] = []
@@ -252,7 +255,7 @@ class Log:
         self.epoch_cache.truncate_from_end(self.log_end_offset + 1)
         self.epoch_cache.truncate_from_start(self.log_start_offset)
         self.recovery_point = self.log_end_offset
-        self._rebuild_producer_state()
+        self._load_producer_state()
         self._log.info("log_opened", log_start_offset=self.log_start_offset, offset=self.log_end_offset,
                        segments=len(self.segments), leader_epoch=self.epoch_cache.latest_epoch(),
                        producers=len(self.producer_state))
@@ -316,24 +319,85 @@ class Log:
         self._log.warning("epoch_checkpoint_rebuilt", entries=len(entries),
                           leader_epoch=self.epoch_cache.latest_epoch())
 
-    def _rebuild_producer_state(self) -> None:
-        """The producer state from the batch headers of the whole log (on open, after a truncation).
+    def _load_producer_state(self) -> None:
+        """The producer state after recovery: the snapshot the last clean ``close`` wrote, then the batch
+        headers from its offset on; without a usable snapshot, every batch header of the log.
 
-        Kafka reloads from its latest ``.snapshot`` file and replays only the batches after it; minibroker
-        writes no producer snapshots and reads every batch header instead (one 61-byte unpack per batch,
-        through the page cache): simpler, at the cost of a longer open for long logs."""
-        state = self.producer_state
-        state.clear()
+        The snapshot describes the batches below its offset. It is used only if that offset is at most the
+        recovered LEO: a crash after a clean close leaves the snapshot of that close, and recovery may cut
+        the log below it (then it would claim batches no longer in the log). Any truncation below the
+        offset deletes the file (``truncate_to``, ``truncate_fully_and_start_at``) before cutting, so
+        batches below an offset <= the LEO are the ones it describes. An unusable snapshot is deleted:
+        a later truncation must not find one it does not know about."""
+        path = self.dir / PRODUCER_SNAPSHOT
+        replay_from = 0
+        try:
+            text: str | None = path.read_text()
+        except FileNotFoundError:
+            text = None
+        if text is not None:
+            try:
+                offset, entries = decode_snapshot(text)  # SnapshotError, a ValueError
+            except ValueError as exc:  # also UnicodeDecodeError
+                self._log.warning("producer_snapshot_unreadable", error=str(exc))
+            else:
+                if offset > self.log_end_offset:
+                    self._log.warning("producer_snapshot_ahead_of_log", snapshot_offset=offset,
+                                      offset=self.log_end_offset)
+                else:
+                    self.producer_state.load(entries)
+                    self._snapshot_offset = replay_from = offset
+            if self._snapshot_offset is None:
+                path.unlink(missing_ok=True)
+                checkpoint.fsync_dir(self.dir)
+        self._replay_producer_state(replay_from)
+
+    def _replay_producer_state(self, from_offset: int) -> None:
+        """Apply the idempotent batches from ``from_offset`` (a batch boundary) on, reading their headers
+        (one 61-byte unpack per batch, through the page cache). Batches below the log start still in a
+        segment are applied too: retention does not forget producers. Their entries take the time of the
+        open as their last activity (see ``ProducerEntry``)."""
+        state, now = self.producer_state, self.clock.now_ms()
         for seg in self.segments:
-            if not seg.size:
+            if not seg.size or seg.next_offset <= from_offset:
                 continue
             with mmap.mmap(seg.fd, seg.size, access=mmap.ACCESS_READ) as view:  # headers only are read
                 for _pos, h in iter_batches(view):
-                    if h.producer_id >= 0 and h.base_offset + h.last_offset_delta >= self.log_start_offset:
+                    if h.producer_id >= 0 and h.base_offset >= from_offset:
                         state.apply((ProducerBatch(h.producer_id, h.producer_epoch, h.base_sequence,
                                                    h.record_count, h.base_offset,
-                                                   h.base_offset + h.last_offset_delta),))
-        state.remove_below(self.log_start_offset)
+                                                   h.base_offset + h.last_offset_delta),), now)
+
+    def _write_producer_snapshot(self) -> None:
+        """The producer state at the LEO, atomically (temp file, fsync, rename, directory fsync). A failure
+        leaves the previous snapshot, which still holds (truncations below it deleted it): a warning."""
+        offset = self.log_end_offset
+        try:
+            checkpoint.write_atomic(self.dir / PRODUCER_SNAPSHOT,
+                                    encode_snapshot(offset, self.producer_state.entries()))
+        except OSError as exc:
+            self._log.warning("producer_snapshot_not_written", error=str(exc))
+            return
+        self._snapshot_offset = offset
+
+    def _delete_producer_snapshot_from(self, offset: int) -> None:
+        """Delete the producer snapshot if it describes batches at or after ``offset`` (about to be cut);
+        durably (directory fsync) before the cut, so no crash leaves it over a log without them."""
+        if self._snapshot_offset is None or self._snapshot_offset <= offset:
+            return
+        try:
+            (self.dir / PRODUCER_SNAPSHOT).unlink(missing_ok=True)
+            checkpoint.fsync_dir(self.dir)
+        except OSError as exc:
+            self._fail(exc)
+        self._snapshot_offset = None
+
+    def remove_expired_producers(self, expiration_ms: int) -> int:
+        """Forget producers with no append for ``expiration_ms`` (``producer.id.expiration.ms``). -> count."""
+        removed = self.producer_state.remove_expired(self.clock.now_ms(), expiration_ms)
+        if removed:
+            self._log.info("producers_expired", count=removed, producers=len(self.producer_state))
+        return removed
 
     def _write_epochs(self, entries: list[EpochEntry]) -> None:
         try:
@@ -402,7 +466,7 @@ class Log:
         if dup is not None:
             return AppendInfo(dup.first_offset, dup.last_offset, 0, -1, 0, 0, True)
         info = self._append(chunks, n, metas, num_records, max_ts)
-        self.producer_state.apply(idempotent)
+        self.producer_state.apply(idempotent, self.clock.now_ms())
         return info
 
     def _leader_epoch_check(self, leader_epoch: int) -> None:
@@ -440,7 +504,7 @@ class Log:
         self._follow_epochs(epochs)
         info = self._append([records], n, metas, num_records, max_ts)
         if idempotent is not None:
-            self.producer_state.apply(idempotent)
+            self.producer_state.apply(idempotent, self.clock.now_ms())
         return info
 
     def _follow_epochs(self, epochs: list[tuple[int, int]]) -> None:
@@ -669,6 +733,8 @@ class Log:
             self.truncate_fully_and_start_at(offset)
             return True
         old_leo = self.log_end_offset
+        # ``offset`` >= the snapshot's offset (a batch boundary) cuts only batches after it
+        self._delete_producer_snapshot_from(offset)
         try:
             while len(self.segments) > 1 and self.segments[-1].base_offset > offset:
                 self._pending_deletions += self.segments.pop().delete(defer=self.defer_file_deletion)
@@ -681,13 +747,9 @@ class Log:
             self.truncate_fully_and_start_at(offset)
             return True
         self._after_truncation(self.segments[-1].next_offset)
-        if self.producer_state.has_batches_from(self.log_end_offset):
-            # Cut batches were some producers' latest: their older batches are only in the log (Kafka's
-            # truncateAndReload). Otherwise the state is unchanged: no producer's batch was cut.
-            try:
-                self._rebuild_producer_state()
-            except OSError as exc:
-                self._fail(exc)
+        # No log scan: the cut batches leave the cache; a producer left with none is forgotten (why that
+        # cannot append a retry twice: ProducerStateManager.truncate_from).
+        self.producer_state.truncate_from(self.log_end_offset)
         self._log.info("log_truncated", offset=self.log_end_offset, previous_offset=old_leo,
                        leader_epoch=self.epoch_cache.latest_epoch())
         return True
@@ -697,6 +759,7 @@ class Log:
         self._check_usable()
         if offset < 0:
             raise ValueError(f"cannot start at {offset}")
+        self._delete_producer_snapshot_from(-1)
         try:
             for seg in self.segments:
                 self._pending_deletions += seg.delete(defer=self.defer_file_deletion)
@@ -726,7 +789,8 @@ class Log:
             return False
         self.log_start_offset = offset
         self.epoch_cache.truncate_from_start(offset)
-        self.producer_state.remove_below(offset)
+        # Producers are kept (Kafka's onLogStartOffsetIncremented too): a retry of a batch below the log
+        # start must stay a duplicate. They go when they expire (remove_expired_producers).
         self._log.info("log_start_offset_incremented", log_start_offset=offset)
         return True
 
@@ -763,8 +827,7 @@ class Log:
         except OSError as exc:
             self._fail(exc)
         self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
-        self.epoch_cache.truncate_from_start(self.log_start_offset)
-        self.producer_state.remove_below(self.log_start_offset)
+        self.epoch_cache.truncate_from_start(self.log_start_offset)  # producers are kept: see above
         self._log.info("segments_deleted", count=n, log_start_offset=self.log_start_offset,
                        base_offsets=[s.base_offset for s in gone])
 
@@ -774,9 +837,10 @@ class Log:
         self.config = config
 
     def close(self) -> None:
-        """Flush and close the files (idempotent)."""
+        """Flush, write the producer snapshot and close the files (idempotent)."""
         if self._failed is None and self.segments and self.segments[0].fd >= 0:
             self.flush()
+            self._write_producer_snapshot()
         self._close_segments()
 
     def _close_segments(self) -> None:

@@ -18,7 +18,9 @@ retention every ``log.retention.check.interval.ms`` (bounded by the HW when a
 ``high_watermarks`` source is given), the ``flush.ms`` policy, deferred roll
 fsyncs and the unlinking of deleted segments (renamed ``*.deleted`` on the
 loop, like Kafka's async delete) every second, and the recovery-point / log-start checkpoint every
-``log.flush.offset.checkpoint.interval.ms``. ``tick()`` runs what is due once.
+``log.flush.offset.checkpoint.interval.ms``, and the expiration of producer ids idle
+longer than ``producer.id.expiration.ms`` every 10 minutes (Kafka's
+``producer.id.expiration.check.interval.ms`` default). ``tick()`` runs what is due once.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ HW_CHECKPOINT = "replication-offset-checkpoint"
 RECOVERY_CHECKPOINT = "recovery-point-offset-checkpoint"
 LOG_START_CHECKPOINT = "log-start-offset-checkpoint"
 TICK_S = 1.0
+PRODUCER_EXPIRATION_CHECK_INTERVAL_MS = 600_000  # Kafka's producer.id.expiration.check.interval.ms default
 DELETED_DIR_RE = re.compile(r"^.+-\d+\.[0-9a-f]{16}" + re.escape(DELETED_DIR_SUFFIX) + "$", re.ASCII)
 
 log = get_logger("storage.log_manager")
@@ -61,6 +64,7 @@ class LogManager:
         now = clock.monotonic_ms()
         self._last_retention_ms = now
         self._last_checkpoint_ms = now
+        self._last_producer_expiration_ms = now
 
     # ---- loading and lookup --------------------------------------------------------------------------------
     async def load(self) -> None:
@@ -184,6 +188,9 @@ class LogManager:
         if now - self._last_checkpoint_ms >= self.config.get_int("log.flush.offset.checkpoint.interval.ms"):
             self._last_checkpoint_ms = now
             self.checkpoint_recovery_points_and_log_starts()
+        if now - self._last_producer_expiration_ms >= PRODUCER_EXPIRATION_CHECK_INTERVAL_MS:
+            self._last_producer_expiration_ms = now
+            self.remove_expired_producers()
         # Kafka keeps a ``.deleted`` segment for ``log.segment.delete.delay.ms`` (60 s) so that reads
         # already under way on it (zero-copy sends from the file) can finish. Reads here are ``os.pread``
         # calls on the event loop that finish before this tick runs, so nothing can still be reading a
@@ -201,6 +208,11 @@ class LogManager:
                 bound = hws.get(tp, lg.log_start_offset) if self.high_watermarks is not None else None
                 deleted += lg.delete_old_segments(bound)
         return deleted
+
+    def remove_expired_producers(self) -> int:
+        """Forget, in every log, producers idle longer than ``producer.id.expiration.ms``. -> count."""
+        expiration_ms = self.config.get_int("producer.id.expiration.ms")
+        return sum(lg.remove_expired_producers(expiration_ms) for lg in list(self._logs.values()))
 
     async def close(self) -> None:
         """Stop periodic work; flush and close every log; write the checkpoints."""

@@ -22,17 +22,24 @@ are one unit: all duplicates of consecutive cached batches of one producer ->
 a duplicate answered with the first one's original offsets; duplicates mixed
 with anything else -> ``OUT_OF_ORDER_SEQUENCE_NUMBER``; otherwise each batch is
 checked against the state the previous one leaves, and all or none are
-appended. Followers and the rebuild from the log (``Log.open``, truncation)
-``apply`` batches without checks. Nothing is persisted: the log's batch headers
-are the state's source (Kafka also writes ``.snapshot`` files to avoid scanning
-the log on start; minibroker scans the headers instead, see ``storage.log``).
-Kafka also forgets producers idle for ``producer.id.expiration.ms`` (a day);
-minibroker forgets one only when retention moves the log start past its last
-batch, so the state is bounded by the batches in the log, and needs no clock.
+appended. Followers and the rebuild from the log (``Log.open``) ``apply``
+batches without checks.
+
+Producers are forgotten only when they expire (Kafka's
+``removeExpiredProducers``: idle longer than ``producer.id.expiration.ms``,
+run by the ``LogManager`` tick), never because retention moved the log start
+past their batches (Kafka's ``onLogStartOffsetIncremented`` keeps them too): a
+retry of a batch that retention deleted must still be a duplicate. A
+truncation drops the cut batches from the cache (``truncate_from``); a
+producer left with none is forgotten. ``Log.close`` persists the state with
+``encode_snapshot`` (Kafka's ``.snapshot`` files, one file here) and
+``Log.open`` loads it and replays only the batches after it.
 """
 
 from __future__ import annotations
 
+import json
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -95,11 +102,18 @@ class BatchMetadata(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class ProducerEntry:
-    """One producer's state: its epoch and its last batches, oldest first (at most 5, all of ``epoch``)."""
+    """One producer's state: its epoch and its last batches, oldest first (at most 5, all of ``epoch``).
+
+    ``last_timestamp``: when this replica last appended one of its batches (wall clock, ms), for the
+    expiration. Kafka uses the batch's max timestamp, but that is the producer's own value (CreateTime;
+    minibroker does not bound it against the broker clock): a producer with a skewed or made-up clock
+    would be expired at once, or never. The append time is the broker's. An entry rebuilt from batch
+    headers (no snapshot covers them) takes the time of the rebuild: it can only live longer."""
 
     producer_id: int
     epoch: int
     batches: tuple[BatchMetadata, ...]
+    last_timestamp: int
 
     @property
     def last_seq(self) -> int:
@@ -118,12 +132,13 @@ class ProducerEntry:
                 return i
         return None
 
-    def with_batch(self, batch: ProducerBatch) -> ProducerEntry:
-        """The entry after ``batch`` is appended: a new epoch forgets the old epoch's batches (Kafka's
-        ``maybeUpdateProducerEpoch``); only the last 5 are kept."""
+    def with_batch(self, batch: ProducerBatch, now_ms: int) -> ProducerEntry:
+        """The entry after ``batch`` is appended at ``now_ms``: a new epoch forgets the old epoch's batches
+        (Kafka's ``maybeUpdateProducerEpoch``); only the last 5 are kept."""
         meta = BatchMetadata(batch.base_sequence, batch.last_sequence, batch.first_offset, batch.last_offset)
         kept = self.batches if batch.producer_epoch == self.epoch else ()
-        return ProducerEntry(self.producer_id, batch.producer_epoch, (*kept, meta)[-NUM_BATCHES_TO_RETAIN:])
+        return ProducerEntry(self.producer_id, batch.producer_epoch, (*kept, meta)[-NUM_BATCHES_TO_RETAIN:],
+                             max(now_ms, self.last_timestamp))
 
 
 class Duplicate(NamedTuple):
@@ -155,7 +170,8 @@ def check_batch(entry: ProducerEntry | None, batch: ProducerBatch) -> None:
 
 
 class ProducerStateManager:
-    """The producer state of one partition. Mutated only by ``apply``, ``remove_below`` and ``clear``."""
+    """The producer state of one partition. Mutated only by ``apply``, ``remove_expired``,
+    ``truncate_from``, ``load`` and ``clear``."""
 
     def __init__(self) -> None:
         self._producers: dict[int, ProducerEntry] = {}
@@ -185,7 +201,7 @@ class ProducerStateManager:
                     f"producer {b.producer_id}: sequences {b.base_sequence}..{b.last_sequence} were already "
                     "appended, but the request also holds other batches")
             check_batch(entry, b)
-            pending[b.producer_id] = _next_entry(entry, b)
+            pending[b.producer_id] = _next_entry(entry, b, 0)
         return None
 
     def _duplicate_unit(self, batches: Sequence[ProducerBatch], unit_size: int) -> Duplicate | None:
@@ -213,29 +229,102 @@ class ProducerStateManager:
                 "already appended, but the request's other batches are not the ones appended after them")
         return Duplicate(entry.batches[start].first_offset, entry.batches[start + len(batches) - 1].last_offset)
 
-    def apply(self, batches: Iterable[ProducerBatch]) -> None:
-        """Record appended batches (leader after ``check``, follower, rebuild): no checks."""
+    def apply(self, batches: Iterable[ProducerBatch], now_ms: int) -> None:
+        """Record appended batches (leader after ``check``, follower, rebuild) at ``now_ms``: no checks."""
         producers = self._producers
         for b in batches:
-            producers[b.producer_id] = _next_entry(producers.get(b.producer_id), b)
+            producers[b.producer_id] = _next_entry(producers.get(b.producer_id), b, now_ms)
 
-    def remove_below(self, log_start_offset: int) -> int:
-        """Forget producers whose last batch is below the log start (Kafka's ``truncateHead``). -> count."""
-        gone = [pid for pid, e in self._producers.items() if e.last_offset < log_start_offset]
+    def remove_expired(self, now_ms: int, expiration_ms: int) -> int:
+        """Forget producers whose last append is more than ``expiration_ms`` before ``now_ms`` (Kafka's
+        ``removeExpiredProducers`` with ``producer.id.expiration.ms``). -> how many."""
+        gone = [pid for pid, e in self._producers.items() if now_ms - e.last_timestamp > expiration_ms]
         for pid in gone:
             del self._producers[pid]
         return len(gone)
 
-    def has_batches_from(self, offset: int) -> bool:
-        """Whether some producer's last batch ends at or after ``offset`` (a truncation there changes the
-        state)."""
-        return any(e.last_offset >= offset for e in self._producers.values())
+    def truncate_from(self, offset: int) -> int:
+        """Drop every cached batch ending at or after ``offset`` (a truncation of the log to ``offset``, a
+        batch boundary); forget a producer left with none. -> how many producers were forgotten.
+
+        No log scan brings back the producer's older batches (Kafka's ``truncateAndReload`` reloads a
+        snapshot and replays the log instead). A forgotten producer is accepted at any sequence, which
+        cannot append a batch twice: a producer retries only its one in-flight request (one request per
+        partition at a time, each batch stamped once), whose batches, where appended, are its latest ones
+        and so among the cached (at most 5 per request = the cache size). If every cached batch was cut,
+        everything of that request that was in this log was cut too; the producer's older batches were all
+        answered and are never sent again. The retry is appended once by whichever replica leads (its
+        state then caches it), and a replica that follows copies the leader's batches with their
+        sequences."""
+        forgotten = 0
+        for pid, e in list(self._producers.items()):
+            if e.last_offset < offset:
+                continue
+            kept = tuple(m for m in e.batches if m.last_offset < offset)
+            if kept:
+                self._producers[pid] = ProducerEntry(pid, e.epoch, kept, e.last_timestamp)
+            else:
+                del self._producers[pid]
+                forgotten += 1
+        return forgotten
+
+    def load(self, entries: Iterable[ProducerEntry]) -> None:
+        """Replace the state with ``entries`` (from a snapshot)."""
+        self._producers = {e.producer_id: e for e in entries}
 
     def clear(self) -> None:
         self._producers.clear()
 
 
-def _next_entry(entry: ProducerEntry | None, batch: ProducerBatch) -> ProducerEntry:
+def _next_entry(entry: ProducerEntry | None, batch: ProducerBatch, now_ms: int) -> ProducerEntry:
     if entry is None:
-        entry = ProducerEntry(batch.producer_id, batch.producer_epoch, ())
-    return entry.with_batch(batch)
+        entry = ProducerEntry(batch.producer_id, batch.producer_epoch, (), now_ms)
+    return entry.with_batch(batch, now_ms)
+
+
+# ---- snapshot (Log.close writes it, Log.open reads it) --------------------------------------------------
+SNAPSHOT_VERSION = 1
+
+
+class SnapshotError(ValueError):
+    """A snapshot that cannot be used (CRC mismatch, bad JSON, wrong shape or version)."""
+
+
+def encode_snapshot(offset: int, entries: Iterable[ProducerEntry]) -> str:
+    """The state at log offset ``offset`` (the LEO: it describes every batch below it) as text: a line with
+    the CRC-32 (hex) of the JSON body, then the body."""
+    body = json.dumps({
+        "version": SNAPSHOT_VERSION,
+        "offset": offset,
+        "producers": [[e.producer_id, e.epoch, e.last_timestamp, [list(m) for m in e.batches]] for e in entries],
+    }, separators=(",", ":"))
+    return f"{zlib.crc32(body.encode()):08x}\n{body}"
+
+
+def decode_snapshot(text: str) -> tuple[int, list[ProducerEntry]]:
+    """(offset, entries) of an ``encode_snapshot`` text; ``SnapshotError`` if it is damaged."""
+    crc, sep, body = text.partition("\n")
+    try:
+        if not sep or int(crc, 16) != zlib.crc32(body.encode()):
+            raise SnapshotError("CRC mismatch")
+        data = json.loads(body)
+        if data["version"] != SNAPSHOT_VERSION:
+            raise SnapshotError(f"version {data['version']!r}")
+        offset = data["offset"]
+        entries = []
+        for pid, epoch, last_ts, batches in data["producers"]:
+            metas = tuple(BatchMetadata(*(_int(v) for v in m)) for m in batches)
+            if not 0 < len(metas) <= NUM_BATCHES_TO_RETAIN:
+                raise SnapshotError(f"producer {pid!r}: {len(metas)} batches")
+            entries.append(ProducerEntry(_int(pid), _int(epoch), metas, _int(last_ts)))
+        return _int(offset), entries
+    except SnapshotError:
+        raise
+    except (ValueError, TypeError, KeyError) as exc:  # JSONDecodeError is a ValueError
+        raise SnapshotError(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _int(value: object) -> int:
+    if type(value) is not int:
+        raise SnapshotError(f"expected an integer, got {value!r}")
+    return value

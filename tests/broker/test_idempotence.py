@@ -169,6 +169,33 @@ async def test_a_new_leader_deduplicates_a_retry_of_its_predecessors_batch(
     assert log_batches(b1) == log_batches(b2)
 
 
+async def test_a_retry_of_a_batch_that_retention_deleted_is_still_a_duplicate(
+        start_broker: StartBroker, controller: FakeController, rpc: RpcClient) -> None:
+    """The producer's only batch, then other traffic until retention deletes it; then the retry of that batch
+    (its answer was lost) is answered with its original offset and appended nowhere."""
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1],
+                           topic_configs={"t": {"segment.bytes": 1024, "retention.bytes": 1024}})
+    first = part(await rpc.call(b.address, "produce", produce_body(ibatch(0), acks=-1)))
+    assert (first["error"], first["base_offset"]) == (0, 0)
+    for _ in range(30):
+        part(await rpc.call(b.address, "produce", produce_body(batch(3, size=60), acks=-1)))
+    assert b.rm is not None
+    assert b.rm.log_manager.run_retention() > 0
+    the_log = b.rm.partitions[TP].log
+    assert the_log.log_start_offset > 0
+    leo = the_log.log_end_offset
+    retry = part(await rpc.call(b.address, "produce", produce_body(ibatch(0), acks=-1)))
+    assert (retry["error"], retry["base_offset"]) == (0, 0)
+    assert the_log.log_end_offset == leo
+    offset, producers = the_log.log_start_offset, set()
+    while offset < leo:  # every segment: the idempotent batch is nowhere in the log now
+        for _, h in iter_batches(the_log.read(offset, 1 << 24).records):
+            producers.add(h.producer_id)
+            offset = h.base_offset + h.last_offset_delta + 1
+    assert producers == {-1}
+
+
 # ---- the producer-id manager alone ------------------------------------------------------------------------
 
 async def test_the_manager_prefetches_the_next_block_before_the_current_one_runs_out() -> None:
@@ -198,3 +225,4 @@ async def test_the_manager_prefetches_the_next_block_before_the_current_one_runs
     await asyncio.sleep(0)
     assert m.generate() == 20
     await m.close()
+

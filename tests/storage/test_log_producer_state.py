@@ -1,13 +1,19 @@
-"""The Log's producer state: leader checks, follower updates, rebuild on open and truncation, retention."""
+"""The Log's producer state: leader checks, follower updates, truncation, retention, expiration, snapshots."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
+from common.clock import ManualClock
+from common.config import broker_config
 from common.errors import ErrorCode
-from storage.log import Log
+from common.wire import TopicPartition
+from storage.log import PRODUCER_SNAPSHOT, Log, LogConfig
+from storage.log_manager import PRODUCER_EXPIRATION_CHECK_INTERVAL_MS, LogManager
 from storage.producer_state import ProducerStateError
 from storage.record_batch import build_batch, iter_batches
 from tests.storage.helpers import TS, batch, open_log
@@ -91,37 +97,232 @@ def test_a_truncated_batch_is_no_longer_a_duplicate(pdir: Path) -> None:
     log.close()
 
 
-def test_truncation_below_a_producers_whole_cache_rebuilds_it_from_the_log(pdir: Path) -> None:
+def test_truncation_keeps_the_producers_older_cached_batches(pdir: Path) -> None:
     log = open_log(pdir)
-    for seq in range(0, 14, 2):  # seven batches, offsets 0-13
+    for seq in range(0, 14, 2):  # seven batches, offsets 0-13; the cache holds sequences 4-13
         log.append_as_leader(ibatch(seq), 0)
-    log.truncate_to(4)  # keeps sequences 0-3 only; the cache held 4-13
+    log.truncate_to(10)  # cuts sequences 10-13
+    entry = log.producer_state.entry(PID)
+    assert entry is not None and [m.first_seq for m in entry.batches] == [4, 6, 8]
+    assert log.append_as_leader(ibatch(8), 0).duplicate  # a surviving batch: a duplicate
+    retry = log.append_as_leader(ibatch(10), 0)  # a cut one: appended, once
+    assert (retry.duplicate, retry.first_offset) == (False, 10)
+    assert log.append_as_leader(ibatch(10), 0).duplicate
+    assert log.log_end_offset == 12 and record_count(log) == 12
+    log.close()
+
+
+def test_truncation_of_all_a_producers_cached_batches_forgets_it(pdir: Path) -> None:
+    log = open_log(pdir)
+    for seq in range(0, 14, 2):
+        log.append_as_leader(ibatch(seq), 0)
+    log.append_as_leader(ibatch(0, pid=9), 0)  # offsets 14-15
+    log.truncate_to(4)  # keeps sequences 0-3 in the log, but the cache held 4-13: no log scan brings them back
+    assert log.producer_state.entry(PID) is None and log.producer_state.entry(9) is None
+    retry = log.append_as_leader(ibatch(4), 0)  # an unknown producer: accepted, then cached
+    assert (retry.duplicate, retry.first_offset) == (False, 4)
+    assert log.append_as_leader(ibatch(4), 0).duplicate
+    log.close()
+
+
+def test_truncation_reads_no_batch_header(pdir: Path) -> None:
+    """The first segment's bytes are lost (zeroed on disk) before a truncation in the last one: a rebuild
+    from the headers would find none of the producer's batches there; the cache keeps them."""
+    log = open_log(pdir, segment_bytes=200)
+    log.append_as_leader(ibatch(0), 0)
+    log.append_as_leader(ibatch(2), 0)
+    log.roll()
+    log.append_as_leader(ibatch(4), 0)  # offsets 4-5, in the second segment
+    first = sorted(pdir.glob("*.log"))[0]
+    first.write_bytes(bytes(first.stat().st_size))
+    log.truncate_to(4)
     entry = log.producer_state.entry(PID)
     assert entry is not None and [m.first_seq for m in entry.batches] == [0, 2]
     assert log.append_as_leader(ibatch(2), 0).duplicate
     assert log.append_as_leader(ibatch(4), 0).first_offset == 4
+
+
+def scenario_a(log: Log) -> int:
+    """The reviewer's scenario: a producer's only batch, then other traffic until retention deletes it.
+    -> the batch's offset."""
+    first = log.append_as_leader(ibatch(0), 0).first_offset
+    for i in range(12):
+        log.append_as_leader(batch(1, size=100, tag=i), 0)
+    assert log.delete_old_segments(high_watermark=log.log_end_offset) > 0
+    assert log.log_start_offset > first
+    return first
+
+
+def test_retention_keeps_producers_and_a_retry_of_a_deleted_batch_is_a_duplicate(pdir: Path) -> None:
+    log = Log.open(pdir, LogConfig(segment_bytes=400, retention_bytes=400, retention_ms=-1), ManualClock(TS))
+    first = scenario_a(log)
+    leo = log.log_end_offset
+    again = log.append_as_leader(ibatch(0), 0)  # the retry of the batch whose answer was lost
+    assert (again.duplicate, again.first_offset) == (True, first)
+    assert log.log_end_offset == leo
+    log.maybe_increment_log_start_offset(leo)
+    assert log.append_as_leader(ibatch(0), 0).duplicate
     log.close()
 
 
-def test_retention_forgets_producers_below_the_log_start(pdir: Path) -> None:
-    log = open_log(pdir, segment_bytes=300)
+def test_a_restart_keeps_producers_whose_batches_retention_deleted(pdir: Path) -> None:
+    cfg = LogConfig(segment_bytes=400, retention_bytes=400, retention_ms=-1)
+    log = Log.open(pdir, cfg, ManualClock(TS))
+    first = scenario_a(log)
+    log.close()
+    log = Log.open(pdir, cfg, ManualClock(TS))
+    leo = log.log_end_offset
+    again = log.append_as_leader(ibatch(0), 0)
+    assert (again.duplicate, again.first_offset) == (True, first)
+    assert log.log_end_offset == leo
+    log.close()
+
+
+def test_the_scan_on_open_keeps_producers_below_the_log_start(pdir: Path) -> None:
+    log = open_log(pdir)
+    log.append_as_leader(ibatch(0), 0)  # offsets 0-1
+    log.append_as_leader(batch(3), 0)
+    log.maybe_increment_log_start_offset(3)  # the batch is still in the segment, below the log start
+    log.flush()
+    # a crash (no close, no snapshot): the state comes from the headers the segment still holds
+    assert not (pdir / PRODUCER_SNAPSHOT).exists()
+    log = Log.open(pdir, LogConfig(), ManualClock(TS), recovery_point=5, log_start_offset=3)
+    assert log.log_start_offset == 3
+    again = log.append_as_leader(ibatch(0), 0)
+    assert (again.duplicate, again.first_offset) == (True, 0)
+    log.close()
+
+
+def test_a_reopen_replays_only_the_batches_after_the_snapshot(pdir: Path) -> None:
+    log = open_log(pdir, segment_bytes=200)
+    log.append_as_leader(ibatch(0), 0)
+    log.append_as_leader(ibatch(2), 0)
+    log.close()  # snapshot at offset 4
+    log = open_log(pdir, segment_bytes=200)
+    log.append_as_leader(ibatch(4), 0)
+    log.append_as_leader(ibatch(0, pid=9), 0)
+    log.flush()
+    # a crash (the log is not closed): the snapshot of the last close, at offset 4, is used; replaying
+    # the batches below it as well would cache sequences 0 and 2 twice
+    assert (pdir / PRODUCER_SNAPSHOT).exists()
+    log = open_log(pdir, segment_bytes=200)
+    entry = log.producer_state.entry(PID)
+    assert entry is not None and [m.first_offset for m in entry.batches] == [0, 2, 4]
+    assert log.producer_state.entry(9) is not None
+    log.close()
+
+
+def test_a_damaged_snapshot_falls_back_to_the_scan_with_a_warning(pdir: Path) -> None:
+    log = open_log(pdir)
+    log.append_as_leader(ibatch(0), 0)
+    log.append_as_leader(ibatch(2), 0)
+    log.close()
+    snap = pdir / PRODUCER_SNAPSHOT
+    raw = bytearray(snap.read_bytes())
+    raw[-3] ^= 1
+    snap.write_bytes(bytes(raw))
+    with capture_logs() as logs:
+        log = open_log(pdir)
+    assert [e["error"] for e in logs if e["event"] == "producer_snapshot_unreadable"] == ["CRC mismatch"]
+    assert not snap.exists()
+    entry = log.producer_state.entry(PID)
+    assert entry is not None and [m.first_seq for m in entry.batches] == [0, 2]
+    assert log.append_as_leader(ibatch(2), 0).duplicate
+    log.close()
+
+
+def test_a_snapshot_above_the_recovered_log_end_is_not_used(pdir: Path) -> None:
+    log = open_log(pdir)
+    log.append_as_leader(ibatch(0), 0)
+    log.append_as_leader(ibatch(2), 0)  # offsets 2-3
+    log.close()  # snapshot at offset 4
+    seg = sorted(pdir.glob("*.log"))[0]
+    second = [pos for pos, _ in iter_batches(seg.read_bytes())][1]
+    os.truncate(seg, second + 20)  # a crash cut the last batch (the snapshot is from an earlier close)
+    with capture_logs() as logs:
+        log = open_log(pdir)
+    assert log.log_end_offset == 2
+    assert [(e["snapshot_offset"], e["offset"]) for e in logs
+            if e["event"] == "producer_snapshot_ahead_of_log"] == [(4, 2)]
+    entry = log.producer_state.entry(PID)
+    assert entry is not None and entry.last_seq == 1
+    retry = log.append_as_leader(ibatch(2), 0)  # not in the log: appended, not answered at offset 2 by the snapshot
+    assert (retry.duplicate, retry.first_offset) == (False, 2)
+    log.close()
+
+
+def test_a_truncation_below_the_snapshot_deletes_it(pdir: Path) -> None:
+    log = open_log(pdir)
+    for seq in range(0, 6, 2):
+        log.append_as_leader(ibatch(seq), 0)
+    log.close()  # snapshot at offset 6
+    snap = pdir / PRODUCER_SNAPSHOT
+    log = open_log(pdir)
+    log.append_as_leader(ibatch(6), 0)
+    log.truncate_to(6)  # at the snapshot's offset: it still holds
+    assert snap.exists()
+    log.truncate_to(4)  # below it: it would describe sequences 4-5 at offsets 4-5
+    assert not snap.exists()
+    log.append_as_leader(batch(3), 0)  # offsets 4-6: the LEO is past the old snapshot's offset again
+    log.flush()
+    # a crash (no close): a left-over snapshot would be used, and claim sequences 4-5 at offsets 4-5
+    log = open_log(pdir)
+    entry = log.producer_state.entry(PID)
+    assert entry is not None and entry.last_seq == 3
+    retry = log.append_as_leader(ibatch(4), 0)
+    assert (retry.duplicate, retry.first_offset) == (False, 7)
+    log.truncate_fully_and_start_at(20)
+    log.close()
+    assert snap.exists()  # the close wrote a new one
+
+
+def test_a_full_truncation_deletes_the_snapshot(pdir: Path) -> None:
+    log = open_log(pdir)
+    log.append_as_leader(ibatch(0), 0)
+    log.close()
+    log = open_log(pdir)
+    log.truncate_fully_and_start_at(0)
+    assert not (pdir / PRODUCER_SNAPSHOT).exists()
+    log.append_as_leader(batch(5), 0)
+    log.flush()
+    log = open_log(pdir)  # after a crash: nothing of the old producer
+    assert log.producer_state.entry(PID) is None
+    log.close()
+
+
+async def test_the_log_manager_tick_expires_idle_producers(tmp_path: Path) -> None:
+    clock = ManualClock(TS)
+    mgr = LogManager(tmp_path, broker_config({"producer.id.expiration.ms": 60_000}), clock)
+    await mgr.load()
+    log = await mgr.get_or_create_log(TopicPartition("t", 0), LogConfig())
     log.append_as_leader(ibatch(0, pid=1), 0)
     log.append_as_leader(ibatch(0, pid=2), 0)
-    log.roll()
-    log.append_as_leader(ibatch(2, pid=2), 0)
-    log.maybe_increment_log_start_offset(2)
+    clock.advance(PRODUCER_EXPIRATION_CHECK_INTERVAL_MS - 1_000)
+    log.append_as_leader(ibatch(2, pid=2), 0)  # pid 2 stays active
+    await mgr.tick()  # not due yet: both known, although pid 1 is idle for longer than 60 s
+    assert log.producer_state.entry(1) is not None
+    clock.advance(1_000)
+    await mgr.tick()
     assert log.producer_state.entry(1) is None and log.producer_state.entry(2) is not None
-    log.append_as_leader(batch(1), 0)
-    log.roll()
-    log.maybe_increment_log_start_offset(log.log_end_offset)
-    assert log.delete_old_segments() > 0
+    assert not log.append_as_leader(ibatch(0, pid=1), 0).duplicate  # forgotten: appended again
+    clock.advance(PRODUCER_EXPIRATION_CHECK_INTERVAL_MS)
+    await mgr.tick()
     assert len(log.producer_state) == 0
-    # an unknown producer again: any sequence is accepted
-    assert not log.append_as_leader(ibatch(7, pid=2), 0).duplicate
+    await mgr.close()
+
+
+def test_expiration_counts_from_the_last_append_and_survives_a_restart(pdir: Path) -> None:
+    clock = ManualClock(TS)
+    log = open_log(pdir, clock)
+    log.append_as_leader(ibatch(0, pid=1), 0)
+    clock.advance(50_000)
+    log.append_as_leader(ibatch(0, pid=2), 0)
     log.close()
-    reopened = open_log(pdir, segment_bytes=300)
-    assert reopened.producer_state.entry(1) is None
-    reopened.close()
+    clock.advance(20_000)
+    log = open_log(pdir, clock)  # the snapshot keeps each producer's last append time
+    assert log.remove_expired_producers(60_000) == 1
+    assert log.producer_state.entry(1) is None and log.producer_state.entry(2) is not None
+    log.close()
 
 
 def test_follower_appends_build_the_same_state_and_a_new_leader_deduplicates(tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,6 +15,9 @@ from storage.producer_state import (
     ProducerBatch,
     ProducerStateError,
     ProducerStateManager,
+    SnapshotError,
+    decode_snapshot,
+    encode_snapshot,
     increment_sequence,
 )
 
@@ -25,7 +30,7 @@ def b(seq: int, count: int = 1, *, epoch: int = 0, offset: int = 0, pid: int = P
 
 def state_with(*batches: ProducerBatch) -> ProducerStateManager:
     s = ProducerStateManager()
-    s.apply(batches)
+    s.apply(batches, 0)
     return s
 
 
@@ -151,14 +156,55 @@ def test_two_producers_in_one_unit_are_each_checked() -> None:
         is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
 
 
-def test_only_the_last_five_batches_are_kept_and_retention_forgets_whole_producers() -> None:
+def test_only_the_last_five_batches_are_kept() -> None:
     s = state_with(*SIX, b(0, 1, pid=9, offset=170))
     entry = s.entry(PID)
     assert entry is not None and [m.first_seq for m in entry.batches] == [2, 4, 6, 8, 10]
-    assert s.remove_below(151) == 0  # PID's last batch ends at 151
-    assert s.remove_below(152) == 1
-    assert s.entry(PID) is None and s.entry(9) is not None
-    assert s.check([b(0, 2, offset=300)], 1) is None  # unknown again: any sequence
+
+
+def test_producers_expire_after_their_last_append_only() -> None:
+    s = ProducerStateManager()
+    s.apply([b(0, 2)], 1_000)
+    s.apply([b(0, 1, pid=9, offset=2)], 1_000)
+    s.apply([b(2, 2, offset=3)], 5_000)  # PID appended again later
+    entry = s.entry(PID)
+    assert entry is not None and entry.last_timestamp == 5_000
+    assert s.remove_expired(now_ms=11_000, expiration_ms=10_000) == 0  # exactly 10 s idle: kept (Kafka: >)
+    assert s.remove_expired(now_ms=11_001, expiration_ms=10_000) == 1
+    assert s.entry(9) is None and s.entry(PID) is not None
+    assert s.check([b(7, 2, pid=9, offset=300)], 1) is None  # unknown again: any sequence
+
+
+def test_truncate_from_drops_cut_batches_and_forgets_producers_left_with_none() -> None:
+    s = state_with(*SIX, b(0, 1, pid=9, offset=125), b(0, 1, pid=8, offset=90))
+    # SIX is at offsets 100-101, 110-111, ... 150-151; the cache holds 110..151
+    assert s.truncate_from(130) == 0  # cuts PID's 130.., not pid 9's batch at 125
+    assert s.entry(9) is not None and s.entry(8) is not None
+    entry = s.entry(PID)
+    assert entry is not None and [m.first_offset for m in entry.batches] == [110, 120]
+    assert entry.last_seq == 5 and s.check([b(6, 2, offset=130)], 1) is None
+    assert s.truncate_from(105) == 2  # PID's cached batches (110, 120) and pid 9 (125) are all cut
+    assert s.entry(PID) is None and s.entry(9) is None and s.entry(8) is not None
+
+
+def test_a_snapshot_round_trips_and_damage_is_detected() -> None:
+    s = ProducerStateManager()
+    s.apply(SIX, 123)
+    s.apply([b(MAX_SEQUENCE - 1, 3, pid=9, epoch=4, offset=200)], 456)
+    text = encode_snapshot(203, s.entries())
+    offset, entries = decode_snapshot(text)
+    assert offset == 203 and entries == s.entries()
+    for damaged in (text[:-1], text.replace('"offset":203', '"offset":204'), "", "zz\n{}",
+                    text.replace("[", "(", 1), _signed('{"version":1,"offset":5,"producers":[[1,0,0,[]]]}'),
+                    _signed('{"version":1,"offset":5,"producers":[[1,0,0,[[0,1,2]]]]}'),
+                    _signed('{"version":2,"offset":5,"producers":[]}'), _signed('{"version":1,"offset":"5"}')):
+        with pytest.raises(SnapshotError):
+            decode_snapshot(damaged)
+    assert decode_snapshot(_signed('{"version":1,"offset":5,"producers":[]}')) == (5, [])
+
+
+def _signed(body: str) -> str:
+    return f"{zlib.crc32(body.encode()):08x}\n{body}"
 
 
 # ---- a model: a producer that retries, against the state ------------------------------------------------
@@ -174,7 +220,7 @@ def test_retries_of_any_of_the_last_five_never_append_twice(steps: list[tuple[in
     for count, back in steps:
         new = ProducerBatch(PID, 0, seq, count, offset, offset + count - 1)
         assert s.check([new], 1) is None
-        s.apply([new])
+        s.apply([new], 0)
         sent.append(new)
         seq, offset = increment_sequence(seq, count), offset + count
         if back < len(sent):
