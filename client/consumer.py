@@ -378,11 +378,15 @@ class Consumer:
 
     async def _fetch(self, address: str, offsets: dict[TopicPartition, int], max_wait_ms: int) -> _FetchResult:
         topics: dict[str, list[dict[str, Any]]] = {}
+        known = self.metadata.current.partitions
         for tp, offset in offsets.items():
-            # current_leader_epoch -1: no fencing check. Kafka sends its metadata epoch (KIP-320); reads
-            # stop at the HW either way, so a stale leader can only serve committed data.
+            # The leader epoch from metadata (KIP-320): a broker that still thinks it leads an older epoch
+            # answers FENCED/UNKNOWN_LEADER_EPOCH (refresh, retry) instead of OFFSET_OUT_OF_RANGE from its
+            # shorter log, which would reset the position to the beginning.
+            info = known.get(tp)
             topics.setdefault(tp.topic, []).append({
-                "partition": tp.partition, "fetch_offset": offset, "current_leader_epoch": -1,
+                "partition": tp.partition, "fetch_offset": offset,
+                "current_leader_epoch": info.leader_epoch if info is not None else -1,
                 "last_fetched_epoch": -1, "log_start_offset": -1,
                 "partition_max_bytes": self.config.max_partition_fetch_bytes})
         body = {"replica_id": -1, "broker_epoch": -1, "max_wait_ms": max_wait_ms,

@@ -134,12 +134,17 @@ def metadata_from_response(resp: Mapping[str, Any]) -> ClusterMetadata:
 
 
 def merge_metadata(old: ClusterMetadata, new: ClusterMetadata, topics: Iterable[str] | None) -> ClusterMetadata:
-    """A refresh of some topics keeps what is known of the others; a refresh of all replaces all."""
-    if topics is None:
-        return new
-    wanted = set(topics)
-    partitions = {tp: info for tp, info in old.partitions.items() if tp.topic not in wanted}
-    partitions.update(new.partitions)
+    """A refresh of some topics keeps what is known of the others; a refresh of all replaces all. A partition
+    never goes back to an older leader epoch (Kafka's ``Metadata.updateLatestMetadata``): a broker that was cut
+    off may still answer with the leader it last knew, and a consumer sent to that stale leader would take
+    its shorter log for the truth (OFFSET_OUT_OF_RANGE, a reset to the beginning)."""
+    wanted = None if topics is None else set(topics)
+    partitions = {} if wanted is None else {tp: info for tp, info in old.partitions.items() if tp.topic not in wanted}
+    for tp, info in new.partitions.items():
+        known = old.partitions.get(tp)
+        partitions[tp] = known if known is not None and 0 <= info.leader_epoch < known.leader_epoch else info
+    if wanted is None:
+        return ClusterMetadata.build(new.brokers, partitions, new.topic_errors, new.controller_id, new.cluster_id)
     topic_errors = {t: e for t, e in old.topic_errors.items() if t not in wanted}
     topic_errors.update(new.topic_errors)
     return ClusterMetadata.build(new.brokers or old.brokers, partitions, topic_errors, new.controller_id,

@@ -134,6 +134,9 @@ class FakeCluster:
         # tp -> n: the next request carrying more than n batches of tp appends only its first n and loses the
         # answer (what a new leader holds when its follower fetch, or recovery, kept a prefix of a request)
         self.append_prefix_and_lose: dict[TopicPartition, int] = {}
+        # (node, tp) -> (leader epoch, log end): that broker was cut off while it led tp at that epoch with that
+        # shorter log; it still answers metadata naming itself leader, and fetches as that leader would
+        self.stale_leaders: dict[tuple[int, TopicPartition], tuple[int, int]] = {}
         self.lost_answers = 0
         self.duplicates_answered = 0  # produce answers that were a duplicate's original offset
         self.batches_per_partition: list[int] = []  # batches of one partition in each produce request
@@ -196,9 +199,11 @@ class FakeCluster:
         topics: dict[str, list[dict[str, Any]]] = {}
         for tp, part in sorted(self.partitions.items()):
             if wanted is None or tp.topic in wanted:
+                stale = self.stale_leaders.get((node_id, tp))
+                leader, epoch = (node_id, stale[0]) if stale is not None else (part.leader, part.leader_epoch)
                 topics.setdefault(tp.topic, []).append({
-                    "partition": tp.partition, "error": 0, "leader": part.leader,
-                    "leader_epoch": part.leader_epoch, "replicas": part.replicas, "isr": part.replicas,
+                    "partition": tp.partition, "error": 0, "leader": leader,
+                    "leader_epoch": epoch, "replicas": part.replicas, "isr": part.replicas,
                     "offline_replicas": []})
         out = [{"topic": t, "error": 0, "partitions": ps} for t, ps in topics.items()]
         out += [{"topic": t, "error": int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION), "partitions": []}
@@ -280,9 +285,16 @@ class FakeCluster:
             return {"topics": topics, "lose_answer": True}
         return {"topics": topics}
 
-    def _read(self, node_id: int, tp: TopicPartition, offset: int, max_bytes: int) -> dict[str, Any]:
+    def _read(self, node_id: int, tp: TopicPartition, offset: int, max_bytes: int,
+              current_leader_epoch: int = -1) -> dict[str, Any]:
         code = self._check(node_id, tp)
         part = self.partitions.get(tp)
+        stale = self.stale_leaders.get((node_id, tp))
+        if stale is not None and current_leader_epoch <= stale[0]:  # a cut-off old leader, believed by the client
+            return {"partition": tp.partition, "error": int(ErrorCode.OFFSET_OUT_OF_RANGE), "high_watermark": stale[1],
+                    "log_start_offset": 0, "log_end_offset": stale[1], "diverging_epoch": None, "records": b""}
+        if stale is not None:  # the client knows a newer epoch: the real broker answers UNKNOWN_LEADER_EPOCH
+            code = ErrorCode.UNKNOWN_LEADER_EPOCH
         base: dict[str, Any] = {"partition": tp.partition, "error": int(code), "high_watermark": -1,
                                 "log_start_offset": -1, "log_end_offset": -1, "diverging_epoch": None,
                                 "records": b""}
@@ -315,7 +327,7 @@ class FakeCluster:
                 parts = []
                 for p in t["partitions"]:
                     r = self._read(node_id, TopicPartition(t["topic"], p["partition"]), p["fetch_offset"],
-                                   p["partition_max_bytes"])
+                                   p["partition_max_bytes"], p.get("current_leader_epoch", -1))
                     total += len(r["records"]) + (1 if r["error"] else 0)
                     parts.append(r)
                 topics.append({"topic": t["topic"], "partitions": parts})

@@ -156,6 +156,38 @@ async def test_consumer_long_polls_and_never_returns_a_record_twice(fake: FakeCl
         assert await consumer.position(tp) == 21
 
 
+async def test_a_cut_off_old_leader_does_not_rewind_the_consumer(fake: FakeCluster) -> None:
+    """A broker cut off while it led an older epoch still names itself leader in its metadata answers and
+    serves its shorter log. A consumer that took that metadata went to it and got OFFSET_OUT_OF_RANGE, and
+    reset to the beginning (seen in a chaos run: offset 85666, then 0). Metadata never goes back to an older
+    leader epoch, and fetches carry the epoch (KIP-320), so the position is kept."""
+    tp = TopicPartition(TOPIC, 0)
+    old, new = fake.partitions[tp].leader, 2 if fake.partitions[tp].leader == 1 else 1
+    fake.move_leader(tp, new)  # leader epoch 1 on `new`
+    async with Producer(fake.bootstrap, fast()) as producer:
+        for i in range(10):
+            await producer.send(TOPIC, str(i).encode(), partition=0)
+        await producer.flush()
+    async with Consumer(fake.bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=50,
+                        retry_backoff_ms=20) as consumer:
+        consumer.assign([tp])
+        seen: list[int] = []
+        while len(seen) < 10:
+            seen += [r.offset for r in await consumer.poll(timeout_ms=500)]
+        fake.stale_leaders[(old, tp)] = (0, 3)  # `old` still believes it leads epoch 0, with 3 records
+        await fake.stop_broker(new)  # the consumer must look for the leader again: only `old` answers
+        for _ in range(10):
+            seen += [r.offset for r in await consumer.poll(timeout_ms=100)]
+        assert seen == list(range(10))  # nothing again from the beginning
+        fake.stale_leaders.clear()
+        fake.move_leader(tp, old)  # now it really leads (epoch 2)
+        async with Producer(fake.bootstrap, fast()) as producer:
+            await producer.send_and_wait(TOPIC, b"10", partition=0)
+        while len(seen) < 11:
+            seen += [r.offset for r in await consumer.poll(timeout_ms=500)]
+    assert seen == list(range(11))
+
+
 async def test_consumer_stops_at_the_high_watermark_and_keeps_position_above_it(fake: FakeCluster) -> None:
     tp = TopicPartition(TOPIC, 1)
     async with Producer(fake.bootstrap, fast(linger_ms=0)) as producer:
