@@ -265,13 +265,21 @@ class Controller:
         self.propagator.full_sync(node_id)
         return epoch
 
+    def _registration_error(self, node_id: int, broker_epoch: int) -> ErrorCode:
+        """BROKER_ID_NOT_REGISTERED / STALE_BROKER_EPOCH unless ``node_id`` is registered at ``broker_epoch``:
+        what a broker's own requests (heartbeat, controlled shutdown, producer ids) are checked against."""
+        reg = self.image.brokers.get(node_id)
+        if reg is None:
+            return ErrorCode.BROKER_ID_NOT_REGISTERED
+        return ErrorCode.STALE_BROKER_EPOCH if reg.broker_epoch != broker_epoch else ErrorCode.NONE
+
     async def heartbeat(self, node_id: int, broker_epoch: int, want_shutdown: bool) -> dict[str, Any]:
         async with self._lock:
-            reg = self.image.brokers.get(node_id)
-            if reg is None:
-                return self._hb(ErrorCode.BROKER_ID_NOT_REGISTERED, fenced=True, shutdown=False)
-            if reg.broker_epoch != broker_epoch:
-                return self._hb(ErrorCode.STALE_BROKER_EPOCH, fenced=reg.fenced, shutdown=False)
+            error = self._registration_error(node_id, broker_epoch)
+            if error is not ErrorCode.NONE:
+                reg = self.image.brokers.get(node_id)
+                return self._hb(error, fenced=reg is None or reg.fenced, shutdown=False)
+            reg = self.image.brokers[node_id]
             self.last_heard[node_id] = self.clock.monotonic_ms()
             if want_shutdown:
                 return await self._shutdown_heartbeat(node_id)
@@ -296,11 +304,9 @@ class Controller:
 
     async def controlled_shutdown(self, node_id: int, broker_epoch: int) -> tuple[ErrorCode, list[TopicPartition]]:
         async with self._lock:
-            reg = self.image.brokers.get(node_id)
-            if reg is None:
-                return ErrorCode.BROKER_ID_NOT_REGISTERED, []
-            if reg.broker_epoch != broker_epoch:
-                return ErrorCode.STALE_BROKER_EPOCH, []
+            error = self._registration_error(node_id, broker_epoch)
+            if error is not ErrorCode.NONE:
+                return error, []
             remaining = await self._move_leaders_off(node_id)
             if not remaining:
                 # it leads nothing and is in no ISR it could leave: fence it now, as KRaft does on the
@@ -368,11 +374,9 @@ class Controller:
         twice, across restarts too. Checked as ``heartbeat`` checks: a registered broker at its current
         epoch. -> (error, first id, block length)."""
         async with self._lock:
-            reg = self.image.brokers.get(broker_id)
-            if reg is None:
-                return ErrorCode.BROKER_ID_NOT_REGISTERED, -1, 0
-            if reg.broker_epoch != broker_epoch:
-                return ErrorCode.STALE_BROKER_EPOCH, -1, 0
+            error = self._registration_error(broker_id, broker_epoch)
+            if error is not ErrorCode.NONE:
+                return error, -1, 0
             plan, start = ops.allocate_producer_ids(self.image, broker_id, broker_epoch)
             await self._commit(plan)
         log.info("producer_ids_allocated", broker_id=broker_id, broker_epoch=broker_epoch,

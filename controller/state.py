@@ -191,8 +191,12 @@ class MetadataImage:
     topics: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> topic configs
     partitions: dict[TopicPartition, PartitionState] = field(default_factory=dict)
     deleting: dict[str, dict[int, tuple[int, ...]]] = field(default_factory=dict)  # topic -> broker -> partitions
-    next_producer_id: int = 0  # the first producer id not yet handed out
     last_producer_ids: ProducerIdsRecord | None = None  # the last block's record (kept in snapshots)
+
+    @property
+    def next_producer_id(self) -> int:
+        """The first producer id not yet handed out."""
+        return 0 if self.last_producer_ids is None else self.last_producer_ids.next_producer_id
 
     def apply(self, rec: Record) -> None:
         if isinstance(rec, ControllerEpochRecord):
@@ -220,7 +224,6 @@ class MetadataImage:
                 self.deleting.pop(rec.name, None)
         elif isinstance(rec, ProducerIdsRecord):
             if rec.next_producer_id >= self.next_producer_id:
-                self.next_producer_id = rec.next_producer_id
                 self.last_producer_ids = rec
         elif isinstance(rec, TopicStoppedRecord):
             left = self.deleting.get(rec.name)
