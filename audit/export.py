@@ -77,6 +77,7 @@ from common.wire import TopicPartition
 from controller.journal import JOURNAL_NAME, SNAPSHOT_NAME, read_image
 from controller.state import MetadataImage
 from storage.checkpoint import CheckpointError, read_epochs, read_offsets, read_properties
+from storage.log import opened_log_start
 from storage.record_batch import (
     HEADER_SIZE,
     MIN_BATCH_LENGTH,
@@ -409,12 +410,11 @@ def read_checkpoints(b: BrokerDir, damage: list[Damage]) -> Checkpoints:
 
 
 def _log_start(checkpointed: int | None, first_base: int | None, leo: int) -> int:
-    """The log start as the broker computes it when it opens the log (``storage.log``): the checkpoint's
-    value, but never below the first segment's base (retention deleted segments and the broker died before
-    it rewrote the checkpoint) nor above the LEO."""
+    """The log start as the broker computes it when it opens the log (``storage.log.opened_log_start``);
+    without a segment, the checkpoint's value."""
     if first_base is None:
         return checkpointed if checkpointed is not None else 0
-    return min(max(checkpointed if checkpointed is not None else first_base, first_base), leo)
+    return opened_log_start(checkpointed, first_base, leo)
 
 
 def replica_row(b: BrokerDir, scan: ReplicaScan, pdir: Path, cps: Checkpoints) -> dict[str, Any]:

@@ -183,6 +183,13 @@ def parse_topic_partition(dir: Path) -> TopicPartition:
     return TopicPartition(topic, int(partition))
 
 
+def opened_log_start(checkpointed: int | None, first_base: int, log_end_offset: int) -> int:
+    """The log start a log opens with: the checkpointed value (else the first segment's base), never below
+    the first segment's base (retention deleted segments before the checkpoint was rewritten) nor above the
+    LEO. ``audit.export`` computes the same from the files."""
+    return min(max(checkpointed if checkpointed is not None else first_base, first_base), log_end_offset)
+
+
 class Log:
     def __init__(self, dir: Path, config: LogConfig, clock: Clock, tp: TopicPartition) -> None:
         self.dir = dir
@@ -246,9 +253,8 @@ class Log:
             self.segments.append(LogSegment.create(self.dir, start, self.config.index_interval_bytes, now))
         self._bases = [s.base_offset for s in self.segments]
         self.log_end_offset = self.segments[-1].next_offset
-        first = self.segments[0].base_offset
-        self.log_start_offset = min(max(log_start_offset if log_start_offset is not None else first, first),
-                                    self.log_end_offset)
+        self.log_start_offset = opened_log_start(log_start_offset, self.segments[0].base_offset,
+                                                 self.log_end_offset)
         if epochs_unreadable:
             self._rebuild_epochs()
         # Entries past the LEO describe lost data; one AT the LEO is a leader's assignment with no data yet.
