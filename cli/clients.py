@@ -114,10 +114,12 @@ _PRODUCER_OPTIONS = {"acks": "--acks", "linger.ms": "--linger-ms", "batch.size":
                      "delivery.timeout.ms": "--delivery-timeout-ms", "max.block.ms": "--max-block-ms"}
 
 
-def producer_properties(items: list[str] | None) -> dict[str, Any]:
+def producer_properties(items: list[str] | None, own_options: dict[str, str] | None = None) -> dict[str, Any]:
     """``["enable.idempotence=false", "retries=3"]`` -> ProducerConfig keywords; CliError for a malformed item,
-    an unknown name, a name that has its own option, or a value of the wrong type (range checks are
-    ProducerConfig's)."""
+    an unknown name, a name that has its own option in this command (``own_options``: Kafka name -> option,
+    ``produce``'s by default), or a value of the wrong type (range checks are ProducerConfig's)."""
+    own = _PRODUCER_OPTIONS if own_options is None else own_options
+    settable = [name for name in PRODUCER_PROPERTIES if name not in own]
     from client.producer import parse_bool
     from common.config import ConfigError, parse_assignments
 
@@ -127,11 +129,11 @@ def producer_properties(items: list[str] | None) -> dict[str, Any]:
         raise CliError(f"--producer-property: {exc}") from None
     out: dict[str, Any] = {}
     for key, raw in given.items():
-        if key in _PRODUCER_OPTIONS:
-            raise CliError(f"--producer-property {key}: use {_PRODUCER_OPTIONS[key]}")
-        if key not in PRODUCER_PROPERTIES:
+        if key in own:
+            raise CliError(f"--producer-property {key}: use {own[key]}")
+        if key not in settable:
             raise CliError(f"--producer-property: unknown producer setting {key!r} "
-                           f"(settable here: {', '.join(PRODUCER_PROPERTIES)})")
+                           f"(settable here: {', '.join(settable)})")
         try:
             out[key.replace(".", "_")] = parse_bool(key, raw) if key == "enable.idempotence" else int(raw)
         except ValueError:

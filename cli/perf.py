@@ -168,13 +168,16 @@ def check_e2e(args: argparse.Namespace) -> None:
     check_record_size(args, minimum=16)
 
 
+# the producer settings perf produce / perf e2e set with an option of their own (Kafka name -> option)
+PERF_PRODUCER_OPTIONS = {"acks": "--acks", "batch.size": "--batch-size", "linger.ms": "--linger-ms",
+                         "max.in.flight.requests.per.connection": "--max-in-flight",
+                         "buffer.memory": "--buffer-memory", "max.request.size": "--max-request-size"}
+
+
 def producer_config(args: argparse.Namespace) -> Any:
     from client.producer import ProducerConfig, parse_acks
 
-    extra = producer_properties(args.producer_property)  # Kafka's perf tool: --producer-props
-    for key, option in (("buffer_memory", "--buffer-memory"), ("max_request_size", "--max-request-size")):
-        if key in extra:
-            raise CliError(f"--producer-property {key.replace('_', '.')}: use {option}")
+    extra = producer_properties(args.producer_property, PERF_PRODUCER_OPTIONS)  # Kafka's --producer-props
     return ProducerConfig(acks=parse_acks(args.acks), batch_size=args.batch_size, linger_ms=args.linger_ms,
                           max_in_flight_requests_per_connection=args.max_in_flight,
                           buffer_memory=args.buffer_memory, max_request_size=args.max_request_size, **extra)
