@@ -626,7 +626,7 @@ class ReplicaManager:
             return {"error": int(ErrorCode.STALE_BROKER_EPOCH), "topics": []}
         results, total, errored = self._read_all(req, first=True)
         if req.max_wait_ms == 0 or total >= req.min_bytes or errored or not req.partitions or self._closing:
-            self.metrics.bytes_out += total
+            self._count_bytes_out(req, total)
             return _fetch_response(results)
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         deadline = self.clock.monotonic_ms() + req.max_wait_ms
@@ -634,8 +634,15 @@ class ReplicaManager:
         if not self.fetch_purgatory.try_complete_else_watch(op, req.partitions):
             await self._await_op(op, fut, req.max_wait_ms, self.fetch_purgatory)
         results, total, _ = self._read_all(req, first=False)
-        self.metrics.bytes_out += total
+        self._count_bytes_out(req, total)
         return _fetch_response(results)
+
+    def _count_bytes_out(self, req: FetchRequest, total: int) -> None:
+        """Kafka's BytesOutPerSec counts what consumers get; followers' fetches are ReplicationBytesOutPerSec."""
+        if req.is_follower:
+            self.metrics.replication_bytes_out += total
+        else:
+            self.metrics.bytes_out += total
 
     def _stale_follower_epoch(self, req: FetchRequest) -> bool:
         """A fetch from an older incarnation of a follower than one already seen."""

@@ -84,28 +84,46 @@ HANDLERS: dict[str, Handler] = {
 }
 
 
+def _fetch_kind(body: dict[str, Any]) -> str:
+    """``fetch_follower`` for a fetch naming a broker as its replica_id, else ``fetch_consumer``."""
+    replica_id = body.get("replica_id", -1)
+    return "fetch_follower" if type(replica_id) is int and replica_id >= 0 else "fetch_consumer"
+
+
 def _endpoint(rm: ReplicaManager, api: str,
               handler: Handler) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
     stats = rm.metrics.requests[api]
+    requests = rm.metrics.requests
+    by_kind = _fetch_kind if api == "fetch" else None  # fetches are counted once more by sender
 
     async def handle(request: web.BaseRequest) -> web.StreamResponse:
         started = time.perf_counter()
         status = 200
+        kind = None
         try:
             body = decode_body(await read_body(request))
+            if by_kind is not None:
+                kind = requests[by_kind(body)]
             result = await handler(rm, body)
             response = web.Response(body=encode(result), content_type=CONTENT_TYPE)
         except BadRequest as exc:
             status = 400
             response = web.Response(status=400, text=f"{api}: {exc}")
-        except web.HTTPException:
+        except web.HTTPException as exc:  # a body over MAX_BODY_BYTES (413): counted, then aiohttp answers it
+            stats.observe(exc.status, time.perf_counter() - started)
             raise
         except Exception as exc:
             log.exception("request_failed", api=api, broker_id=rm.broker_id, error=str(exc))
+            stats.errors += 1
+            if kind is not None:
+                kind.errors += 1
             response = web.Response(body=encode({"error": int(ErrorCode.UNKNOWN_SERVER_ERROR),
                                                  "error_message": f"{type(exc).__name__}: {exc}"}),
                                     content_type=CONTENT_TYPE)
-        stats.observe(status == 200, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        stats.observe(status, seconds)
+        if kind is not None:
+            kind.observe(status, seconds)
         return response
     return handle
 

@@ -42,6 +42,26 @@ async def test_acks1_produce_then_consume(start_broker: StartBroker, controller:
     assert [(h.base_offset, h.record_count, h.partition_leader_epoch) for h in headers] == [(0, 3, 0), (3, 2, 0)]
 
 
+async def test_fetch_metrics_tell_followers_from_consumers(start_broker: StartBroker, controller: FakeController,
+                                                          rpc: RpcClient) -> None:
+    """Kafka's BytesOutPerSec counts client fetches only (followers': ReplicationBytesOutPerSec), and its request
+    metrics count fetches as FetchConsumer and FetchFollower besides Fetch."""
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1, FOLLOWER])
+    assert part(await rpc.call(b.address, "produce", produce_body(batch(3))))["error"] == 0
+    replicated = len((await follower_fetch(rpc, b.address, 0))["records"])  # type: ignore[arg-type]
+    await follower_fetch(rpc, b.address, 3)
+    consumed = len(part(await rpc.call(b.address, "fetch", fetch_body(0)))["records"])
+    assert replicated == consumed > 0
+    metrics = await _metrics(b.address)
+    assert f"minibroker_bytes_out_total {float(consumed)}" in metrics
+    assert f"minibroker_replication_bytes_out_total {float(replicated)}" in metrics
+    assert 'minibroker_requests_total{api="fetch",status="200"} 3.0' in metrics
+    assert 'minibroker_requests_total{api="fetch_follower",status="200"} 2.0' in metrics
+    assert 'minibroker_requests_total{api="fetch_consumer",status="200"} 1.0' in metrics
+    assert 'minibroker_request_latency_seconds_count{api="fetch_consumer"} 1.0' in metrics
+
+
 async def test_acks_all_waits_for_follower_fetch(start_broker: StartBroker, controller: FakeController,
                                                  rpc: RpcClient) -> None:
     b = await start_broker(sets={"min.insync.replicas": 2})

@@ -70,25 +70,32 @@ def _sample(m: BrokerMetrics, name: str, **labels: str) -> float | None:
 def test_request_counts_and_latency_buckets_follow_prometheus() -> None:
     m = BrokerMetrics()
     stats = m.requests["produce"]
-    stats.observe(True, 0.0005)  # on a bound: counted in that bucket ("less than or equal")
-    stats.observe(True, 0.0007)
-    stats.observe(False, 100.0)  # beyond the last bound: +Inf only
+    stats.observe(200, 0.0005)  # on a bound: counted in that bucket ("less than or equal")
+    stats.observe(200, 0.0007)
+    stats.observe(400, 100.0)  # beyond the last bound: +Inf only
+    stats.observe(413, 0.003)
+    stats.errors += 1
     m.bytes_in += 300
     m.messages_in += 3
     m.bytes_out += 7
+    m.replication_bytes_out += 11
     assert _sample(m, "minibroker_requests_total", api="produce", status="200") == 2
     assert _sample(m, "minibroker_requests_total", api="produce", status="400") == 1
+    assert _sample(m, "minibroker_requests_total", api="produce", status="413") == 1
+    assert _sample(m, "minibroker_request_errors_total", api="produce") == 1
     assert _sample(m, "minibroker_requests_total", api="fetch", status="200") == 0
+    assert _sample(m, "minibroker_requests_total", api="fetch", status="400") == 0  # present before any
     bucket = "minibroker_request_latency_seconds_bucket"
     assert _sample(m, bucket, api="produce", le="0.0005") == 1
     assert _sample(m, bucket, api="produce", le="0.001") == 2
-    assert _sample(m, bucket, api="produce", le=str(LATENCY_BUCKETS[-1])) == 2
-    assert _sample(m, bucket, api="produce", le="+Inf") == 3
-    assert _sample(m, "minibroker_request_latency_seconds_count", api="produce") == 3
-    assert _sample(m, "minibroker_request_latency_seconds_sum", api="produce") == pytest.approx(100.0012)
+    assert _sample(m, bucket, api="produce", le=str(LATENCY_BUCKETS[-1])) == 3
+    assert _sample(m, bucket, api="produce", le="+Inf") == 4
+    assert _sample(m, "minibroker_request_latency_seconds_count", api="produce") == 4
+    assert _sample(m, "minibroker_request_latency_seconds_sum", api="produce") == pytest.approx(100.0042)
     assert _sample(m, "minibroker_bytes_in_total") == 300
     assert _sample(m, "minibroker_messages_in_total") == 3
     assert _sample(m, "minibroker_bytes_out_total") == 7
+    assert _sample(m, "minibroker_replication_bytes_out_total") == 11
     text = m.render().decode()
     assert "# TYPE minibroker_request_latency_seconds histogram" in text
     assert "# TYPE minibroker_requests_total counter" in text

@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import io
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
+from aiohttp import web
 
-from broker.server import MAX_BODY_BYTES
+from broker.replica_manager import ReplicaManager
+from broker.server import MAX_BODY_BYTES, _endpoint, low_level_server
+from common.errors import ErrorCode
 from common.wire import CONTENT_TYPE, decode, encode
 from tests.broker.conftest import StartBroker
 
@@ -56,3 +60,34 @@ async def test_routes_methods_and_body_limit(start_broker: StartBroker) -> None:
             assert resp.status == 413
         async with s.get(f"{base}/v1/status") as resp:  # still serving
             assert resp.status == 200
+        async with s.get(f"{base}/metrics") as resp:  # every answered request is counted, the 413 too
+            text = await resp.text()
+            assert 'minibroker_requests_total{api="produce",status="413"} 1.0' in text
+            assert 'minibroker_requests_total{api="metadata",status="200"} 3.0' in text
+
+
+async def test_unexpected_exception_is_counted_as_a_server_error(start_broker: StartBroker) -> None:
+    """An exception no handler expects is answered UNKNOWN_SERVER_ERROR (HTTP 200) and counted as such."""
+    broker = await start_broker()
+    assert broker.rm is not None
+    rm = broker.rm
+
+    async def failing(_rm: ReplicaManager, _body: dict[str, Any]) -> dict[str, Any]:
+        raise RuntimeError("disk on fire")
+
+    runner = web.ServerRunner(low_level_server(_endpoint(rm, "list_offsets", failing), access_log=None))
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        async with aiohttp.ClientSession() as s, s.post(f"http://127.0.0.1:{port}/", data=encode({})) as resp:
+            assert resp.status == 200
+            answer = decode(await resp.read())
+            assert answer["error"] == ErrorCode.UNKNOWN_SERVER_ERROR
+            assert "disk on fire" in answer["error_message"]
+    finally:
+        await runner.cleanup()
+    samples = rm.metrics.registry.get_sample_value
+    assert samples("minibroker_request_errors_total", {"api": "list_offsets"}) == 1
+    assert samples("minibroker_request_errors_total", {"api": "produce"}) == 0
