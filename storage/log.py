@@ -2,8 +2,9 @@
 
 Directory ``<data-dir>/<topic>-<partition>/`` holds the segments
 (``<20-digit base>.log/.index/.timeindex``, see ``storage.segment`` and
-``storage.index``), ``leader-epoch-checkpoint`` (``storage.checkpoint``) and,
-after a clean close, ``producer-state.snapshot`` (``_load_producer_state``).
+``storage.index``), ``leader-epoch-checkpoint`` (``storage.checkpoint``) and
+producer-state snapshots ``<20-digit offset>.snapshot``, taken at each roll
+and at a clean close (``_load_producer_state``).
 The recovery point and log start offset are persisted by the ``LogManager``'s
 checkpoint files; the high watermark is not the log's business.
 
@@ -86,7 +87,19 @@ from storage.record_batch import (
 from storage.segment import BatchMeta, LogSegment, log_path, segment_base
 
 EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
-PRODUCER_SNAPSHOT = "producer-state.snapshot"  # written by close, read by open (see _load_producer_state)
+SNAPSHOT_SUFFIX = ".snapshot"  # producer-state snapshots, <20-digit offset>.snapshot (see _load_producer_state)
+
+
+def snapshot_path(dir: Path, offset: int) -> Path:
+    return dir / f"{offset:020d}{SNAPSHOT_SUFFIX}"
+
+
+def snapshot_offset(name: str) -> int | None:
+    """The offset of a producer snapshot file named ``<20 digits>.snapshot``, else None."""
+    stem, dot, ext = name.partition(".")
+    if dot and "." + ext == SNAPSHOT_SUFFIX and len(stem) == 20 and stem.isascii() and stem.isdigit():
+        return int(stem)
+    return None
 DELETED_DIR_SUFFIX = "-delete"  # a partition directory renamed for removal (Log.delete)
 _NEVER_MS = 2**63 - 1  # flush.ms default: no time-based flush
 LATEST_TIMESTAMP = -1
@@ -203,7 +216,7 @@ class Log:
         self.recovery_point = 0
         self.epoch_cache = LeaderEpochCache()
         self.producer_state = ProducerStateManager()
-        self._snapshot_offset: int | None = None  # the offset of the producer snapshot on disk, if any
+        self._snapshots: list[int] = []  # offsets of the producer snapshots on disk, ascending
         self.defer_roll_flush = False
         self.defer_file_deletion = False  # LogManager: deleted segments are renamed, then unlinked off the loop
         self._pending_deletions: list[Path] = []
@@ -326,36 +339,41 @@ class Log:
                           leader_epoch=self.epoch_cache.latest_epoch())
 
     def _load_producer_state(self) -> None:
-        """The producer state after recovery: the snapshot the last clean ``close`` wrote, then the batch
-        headers from its offset on; without a usable snapshot, every batch header of the log.
+        """The producer state after recovery: the newest usable snapshot, then the batch headers from its
+        offset on; without one, every batch header of the log. As Kafka's ``UnifiedLog.loadProducerState``.
 
-        The snapshot describes the batches below its offset. It is used only if that offset is at most the
-        recovered LEO: a crash after a clean close leaves the snapshot of that close, and recovery may cut
-        the log below it (then it would claim batches no longer in the log). Any truncation below the
-        offset deletes the file (``truncate_to``, ``truncate_fully_and_start_at``) before cutting, so
-        batches below an offset <= the LEO are the ones it describes. An unusable snapshot is deleted:
-        a later truncation must not find one it does not know about."""
-        path = self.dir / PRODUCER_SNAPSHOT
+        A snapshot at offset X describes the batches below X (and the producers of batches retention has
+        deleted since, which a replay cannot find: why snapshots are taken at every roll, not only at a
+        clean close). It is used only if X is at most the recovered LEO: recovery after a power loss may
+        cut the log below a snapshot written before it (then it would claim batches no longer in the log).
+        Any truncation below X deletes the snapshot first (``_delete_producer_snapshots_above``), so the
+        batches below an X <= the LEO are the ones it describes. Snapshots above the LEO, and damaged ones,
+        are deleted (durably: a later truncation must not find one it does not know about); a damaged one
+        falls back to the next older."""
+        found = sorted(o for o in (snapshot_offset(p.name) for p in self.dir.iterdir()) if o is not None)
+        doomed = [o for o in found if o > self.log_end_offset]
+        for offset in doomed:
+            self._log.warning("producer_snapshot_ahead_of_log", snapshot_offset=offset, offset=self.log_end_offset)
+        usable = [o for o in found if o <= self.log_end_offset]
         replay_from = 0
-        try:
-            text: str | None = path.read_text()
-        except FileNotFoundError:
-            text = None
-        if text is not None:
+        while usable:
+            offset = usable.pop()
             try:
-                offset, entries = decode_snapshot(text)  # SnapshotError, a ValueError
-            except ValueError as exc:  # also UnicodeDecodeError
-                self._log.warning("producer_snapshot_unreadable", error=str(exc))
-            else:
-                if offset > self.log_end_offset:
-                    self._log.warning("producer_snapshot_ahead_of_log", snapshot_offset=offset,
-                                      offset=self.log_end_offset)
-                else:
-                    self.producer_state.load(entries)
-                    self._snapshot_offset = replay_from = offset
-            if self._snapshot_offset is None:
-                path.unlink(missing_ok=True)
-                checkpoint.fsync_dir(self.dir)
+                at, entries = decode_snapshot(snapshot_path(self.dir, offset).read_text())  # SnapshotError
+                if at != offset:
+                    raise ValueError(f"holds offset {at}, named {offset}")
+            except (OSError, ValueError) as exc:  # also UnicodeDecodeError
+                self._log.warning("producer_snapshot_unreadable", snapshot_offset=offset, error=str(exc))
+                doomed.append(offset)
+                continue
+            self.producer_state.load(entries)
+            self._snapshots = [*usable, offset]
+            replay_from = offset
+            break
+        if doomed:
+            for offset in doomed:
+                snapshot_path(self.dir, offset).unlink(missing_ok=True)
+            checkpoint.fsync_dir(self.dir)
         self._replay_producer_state(replay_from)
 
     def _replay_producer_state(self, from_offset: int) -> None:
@@ -374,29 +392,52 @@ class Log:
                                                    h.record_count, h.base_offset,
                                                    h.base_offset + h.last_offset_delta),), now)
 
-    def _write_producer_snapshot(self) -> None:
-        """The producer state at the LEO, atomically (temp file, fsync, rename, directory fsync). A failure
-        leaves the previous snapshot, which still holds (truncations below it deleted it): a warning."""
+    def _take_producer_snapshot(self) -> None:
+        """The producer state at the LEO as ``<LEO>.snapshot``, atomically (temp file, fsync, rename, directory
+        fsync); at each roll and at a clean close, as Kafka's ``takeSnapshot``. Skipped while there is nothing
+        to remember (no producers, no older snapshot to supersede), so logs without idempotent producers never
+        pay for it. Kafka 3.5+ fsyncs the roll's snapshot on its scheduler (KAFKA-15046); here it is inline,
+        as before that, on the rolls of logs with idempotent producers only. A failure leaves the older
+        snapshots, which still hold: a warning."""
         offset = self.log_end_offset
+        if not self.producer_state and not self._snapshots:
+            return
         try:
-            checkpoint.write_atomic(self.dir / PRODUCER_SNAPSHOT,
+            checkpoint.write_atomic(snapshot_path(self.dir, offset),
                                     encode_snapshot(offset, self.producer_state.entries()))
         except OSError as exc:
-            self._log.warning("producer_snapshot_not_written", error=str(exc))
+            self._log.warning("producer_snapshot_not_written", snapshot_offset=offset, error=str(exc))
             return
-        self._snapshot_offset = offset
+        if not self._snapshots or self._snapshots[-1] < offset:  # the LEO never goes below the newest one
+            self._snapshots.append(offset)
 
-    def _delete_producer_snapshot_from(self, offset: int) -> None:
-        """Delete the producer snapshot if it describes batches at or after ``offset`` (about to be cut);
-        durably (directory fsync) before the cut, so no crash leaves it over a log without them."""
-        if self._snapshot_offset is None or self._snapshot_offset <= offset:
+    def _delete_producer_snapshots_above(self, offset: int) -> None:
+        """Delete the snapshots that describe batches at or after ``offset`` (about to be cut); durably
+        (directory fsync) before the cut, so no crash leaves one over a log without those batches."""
+        doomed = [o for o in self._snapshots if o > offset]
+        if not doomed:
             return
         try:
-            (self.dir / PRODUCER_SNAPSHOT).unlink(missing_ok=True)
+            for o in doomed:
+                snapshot_path(self.dir, o).unlink(missing_ok=True)
             checkpoint.fsync_dir(self.dir)
         except OSError as exc:
             self._fail(exc)
-        self._snapshot_offset = None
+        self._snapshots = [o for o in self._snapshots if o <= offset]
+
+    def _delete_producer_snapshots_before(self, offset: int) -> None:
+        """After retention: keep the newest snapshot at or below ``offset`` (the first segment's base) and
+        those after it; older ones are never read again (Kafka's ``deleteSnapshotsBefore``)."""
+        keep_from = max((o for o in self._snapshots if o <= offset), default=None)
+        if keep_from is None:
+            return
+        for o in [o for o in self._snapshots if o < keep_from]:
+            try:
+                snapshot_path(self.dir, o).unlink(missing_ok=True)
+            except OSError as exc:  # harmless: an old snapshot is only read if every newer one is damaged
+                self._log.warning("producer_snapshot_not_deleted", snapshot_offset=o, error=str(exc))
+                continue
+            self._snapshots.remove(o)
 
     def remove_expired_producers(self, expiration_ms: int) -> int:
         """Forget producers with no append for ``expiration_ms`` (``producer.id.expiration.ms``). -> count."""
@@ -665,6 +706,7 @@ class Log:
             self._fail(exc)
         self.segments.append(new)
         self._bases.append(new.base_offset)
+        self._take_producer_snapshot()
         if not self.defer_roll_flush and not any(s.unflushed for s in self.segments[:-1]):
             self.recovery_point = max(self.recovery_point, new.base_offset)
         self._log.info("segment_rolled", base_offset=new.base_offset, offset=self.log_end_offset)
@@ -739,8 +781,8 @@ class Log:
             self.truncate_fully_and_start_at(offset)
             return True
         old_leo = self.log_end_offset
-        # ``offset`` >= the snapshot's offset (a batch boundary) cuts only batches after it
-        self._delete_producer_snapshot_from(offset)
+        # a snapshot at ``offset`` (a batch boundary) describes only batches below the cut: it stays
+        self._delete_producer_snapshots_above(offset)
         try:
             while len(self.segments) > 1 and self.segments[-1].base_offset > offset:
                 self._pending_deletions += self.segments.pop().delete(defer=self.defer_file_deletion)
@@ -765,7 +807,7 @@ class Log:
         self._check_usable()
         if offset < 0:
             raise ValueError(f"cannot start at {offset}")
-        self._delete_producer_snapshot_from(-1)
+        self._delete_producer_snapshots_above(-1)
         try:
             for seg in self.segments:
                 self._pending_deletions += seg.delete(defer=self.defer_file_deletion)
@@ -834,6 +876,7 @@ class Log:
             self._fail(exc)
         self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
         self.epoch_cache.truncate_from_start(self.log_start_offset)  # producers are kept: see above
+        self._delete_producer_snapshots_before(self.segments[0].base_offset)
         self._log.info("segments_deleted", count=n, log_start_offset=self.log_start_offset,
                        base_offsets=[s.base_offset for s in gone])
 
@@ -846,7 +889,7 @@ class Log:
         """Flush, write the producer snapshot and close the files (idempotent)."""
         if self._failed is None and self.segments and self.segments[0].fd >= 0:
             self.flush()
-            self._write_producer_snapshot()
+            self._take_producer_snapshot()
         self._close_segments()
 
     def _close_segments(self) -> None:

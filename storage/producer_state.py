@@ -31,9 +31,9 @@ run by the ``LogManager`` tick), never because retention moved the log start
 past their batches (Kafka's ``onLogStartOffsetIncremented`` keeps them too): a
 retry of a batch that retention deleted must still be a duplicate. A
 truncation drops the cut batches from the cache (``truncate_from``); a
-producer left with none is forgotten. ``Log.close`` persists the state with
-``encode_snapshot`` (Kafka's ``.snapshot`` files, one file here) and
-``Log.open`` loads it and replays only the batches after it.
+producer left with none is forgotten. ``Log`` persists the state with
+``encode_snapshot`` at every roll and clean close (Kafka's ``.snapshot`` files)
+and ``Log.open`` loads the newest usable one and replays only the batches after it.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from common.clock import ManualClock
 from common.config import broker_config
 from common.errors import ErrorCode
 from common.wire import TopicPartition
-from storage.log import PRODUCER_SNAPSHOT, Log, LogConfig
+from storage.log import Log, LogConfig, snapshot_path
 from storage.log_manager import PRODUCER_EXPIRATION_CHECK_INTERVAL_MS, LogManager
 from storage.producer_state import ProducerStateError
 from storage.record_batch import build_batch, iter_batches
@@ -33,6 +33,11 @@ def record_count(log: Log) -> int:
 @pytest.fixture
 def pdir(tmp_path: Path) -> Path:
     return tmp_path / "t-0"
+
+
+def snapshots(pdir: Path) -> list[int]:
+    """The offsets of the producer snapshots on disk."""
+    return sorted(int(p.name.split(".")[0]) for p in pdir.glob("*.snapshot"))
 
 
 def test_leader_duplicate_writes_nothing_and_returns_the_original_offsets(pdir: Path) -> None:
@@ -185,7 +190,7 @@ def test_the_scan_on_open_keeps_producers_below_the_log_start(pdir: Path) -> Non
     log.maybe_increment_log_start_offset(3)  # the batch is still in the segment, below the log start
     log.flush()
     # a crash (no close, no snapshot): the state comes from the headers the segment still holds
-    assert not (pdir / PRODUCER_SNAPSHOT).exists()
+    assert not snapshots(pdir)
     log = Log.open(pdir, LogConfig(), ManualClock(TS), recovery_point=5, log_start_offset=3)
     assert log.log_start_offset == 3
     again = log.append_as_leader(ibatch(0), 0)
@@ -204,7 +209,7 @@ def test_a_reopen_replays_only_the_batches_after_the_snapshot(pdir: Path) -> Non
     log.flush()
     # a crash (the log is not closed): the snapshot of the last close, at offset 4, is used; replaying
     # the batches below it as well would cache sequences 0 and 2 twice
-    assert (pdir / PRODUCER_SNAPSHOT).exists()
+    assert snapshot_path(pdir, 4).exists()
     log = open_log(pdir, segment_bytes=200)
     entry = log.producer_state.entry(PID)
     assert entry is not None and [m.first_offset for m in entry.batches] == [0, 2, 4]
@@ -217,7 +222,7 @@ def test_a_damaged_snapshot_falls_back_to_the_scan_with_a_warning(pdir: Path) ->
     log.append_as_leader(ibatch(0), 0)
     log.append_as_leader(ibatch(2), 0)
     log.close()
-    snap = pdir / PRODUCER_SNAPSHOT
+    snap = snapshot_path(pdir, 4)
     raw = bytearray(snap.read_bytes())
     raw[-3] ^= 1
     snap.write_bytes(bytes(raw))
@@ -228,6 +233,24 @@ def test_a_damaged_snapshot_falls_back_to_the_scan_with_a_warning(pdir: Path) ->
     entry = log.producer_state.entry(PID)
     assert entry is not None and [m.first_seq for m in entry.batches] == [0, 2]
     assert log.append_as_leader(ibatch(2), 0).duplicate
+    log.close()
+
+
+def test_a_damaged_newest_snapshot_falls_back_to_the_one_before(pdir: Path) -> None:
+    log = open_log(pdir, segment_bytes=200)
+    for seq in range(0, 8, 2):
+        log.append_as_leader(ibatch(seq), 0)
+    log.close()
+    taken = snapshots(pdir)
+    assert len(taken) >= 2 and taken[-1] == 8
+    snapshot_path(pdir, 8).write_text("not a snapshot")
+    with capture_logs() as logs:
+        log = open_log(pdir, segment_bytes=200)
+    assert [e["snapshot_offset"] for e in logs if e["event"] == "producer_snapshot_unreadable"] == [8]
+    assert snapshots(pdir) == taken[:-1]
+    entry = log.producer_state.entry(PID)
+    assert entry is not None and [m.first_seq for m in entry.batches] == [0, 2, 4, 6]  # each batch once
+    assert log.append_as_leader(ibatch(6), 0).duplicate
     log.close()
 
 
@@ -256,7 +279,7 @@ def test_a_truncation_below_the_snapshot_deletes_it(pdir: Path) -> None:
     for seq in range(0, 6, 2):
         log.append_as_leader(ibatch(seq), 0)
     log.close()  # snapshot at offset 6
-    snap = pdir / PRODUCER_SNAPSHOT
+    snap = snapshot_path(pdir, 6)
     log = open_log(pdir)
     log.append_as_leader(ibatch(6), 0)
     log.truncate_to(6)  # at the snapshot's offset: it still holds
@@ -273,7 +296,7 @@ def test_a_truncation_below_the_snapshot_deletes_it(pdir: Path) -> None:
     assert (retry.duplicate, retry.first_offset) == (False, 7)
     log.truncate_fully_and_start_at(20)
     log.close()
-    assert snap.exists()  # the close wrote a new one
+    assert not snapshots(pdir)  # no producer left and no older snapshot to supersede: none written
 
 
 def test_a_full_truncation_deletes_the_snapshot(pdir: Path) -> None:
@@ -282,12 +305,92 @@ def test_a_full_truncation_deletes_the_snapshot(pdir: Path) -> None:
     log.close()
     log = open_log(pdir)
     log.truncate_fully_and_start_at(0)
-    assert not (pdir / PRODUCER_SNAPSHOT).exists()
+    assert not snapshots(pdir)
     log.append_as_leader(batch(5), 0)
     log.flush()
     log = open_log(pdir)  # after a crash: nothing of the old producer
     assert log.producer_state.entry(PID) is None
     log.close()
+
+
+def filler(tag: int) -> bytes:
+    return batch(1, size=100, tag=tag)
+
+
+def test_a_crash_after_retention_keeps_the_producers_of_deleted_segments(pdir: Path) -> None:
+    """Retention deleted every batch of a producer, then the broker crashed (no clean close). The snapshot
+    taken at the roll still knows the producer: a retry of its last batch is a duplicate, not a second copy
+    (it was forgotten when the only snapshot was the one a clean close writes)."""
+    cfg = {"segment_bytes": 400, "retention_bytes": 400, "retention_ms": -1}
+    log = open_log(pdir, **cfg)
+    log.append_as_leader(ibatch(0), 0)
+    first = log.append_as_leader(ibatch(2), 0).first_offset  # its answer is lost
+    for tag in range(12):
+        log.append_as_leader(filler(tag), 0)
+    log.flush()
+    assert log.delete_old_segments(high_watermark=log.log_end_offset) > 0
+    assert log.log_start_offset > first + 1  # the producer's batches are gone from the log
+    leo, start = log.log_end_offset, log.log_start_offset
+    log = Log.open(pdir, LogConfig(**cfg), ManualClock(TS), recovery_point=leo, log_start_offset=start)  # a crash
+    retry = log.append_as_leader(ibatch(2), 0)
+    assert (retry.duplicate, retry.first_offset) == (True, first)
+    assert log.log_end_offset == leo
+    assert log.append_as_leader(ibatch(4), 0).first_offset == leo  # and the producer goes on
+    log.close()
+
+
+def test_a_crash_after_retention_does_not_go_back_to_an_older_clean_close(pdir: Path) -> None:
+    """A clean close long ago left a snapshot; since then the producer appended more, retention deleted
+    those batches and the broker crashed. The roll snapshots carry the producer's newer state: the next
+    batch is accepted and the retry of the last one is a duplicate (the state went back to the old
+    snapshot's, which refused both as out of order)."""
+    cfg = {"segment_bytes": 400, "retention_bytes": 400, "retention_ms": -1}
+    log = open_log(pdir, **cfg)
+    for seq in range(0, 10, 2):
+        log.append_as_leader(ibatch(seq), 0)
+    log.close()
+    log = open_log(pdir, **cfg)
+    for seq in range(10, 16, 2):
+        last = log.append_as_leader(ibatch(seq), 0).first_offset
+    for tag in range(12):
+        log.append_as_leader(filler(tag), 0)
+    log.flush()
+    assert log.delete_old_segments(high_watermark=log.log_end_offset) > 0
+    assert log.log_start_offset > last + 1
+    leo, start = log.log_end_offset, log.log_start_offset
+    log = Log.open(pdir, LogConfig(**cfg), ManualClock(TS), recovery_point=leo, log_start_offset=start)  # a crash
+    retry = log.append_as_leader(ibatch(14), 0)
+    assert (retry.duplicate, retry.first_offset) == (True, last)
+    assert log.append_as_leader(ibatch(16), 0).first_offset == leo
+    log.close()
+
+
+def test_snapshots_follow_rolls_truncation_and_retention(pdir: Path) -> None:
+    """One snapshot per roll while the log has producers (none for a log without them); a truncation deletes
+    those above the cut, keeping the one at the cut's segment; retention keeps the newest one at or below
+    the first segment and those after it."""
+    log = open_log(pdir, segment_bytes=400, retention_bytes=-1, retention_ms=-1)
+    for tag in range(8):
+        log.append_as_leader(filler(tag), 0)
+    assert len(log.segments) > 1 and not snapshots(pdir)  # no producer: nothing written
+    log.append_as_leader(ibatch(0), 0)
+    for tag in range(8):
+        log.append_as_leader(filler(tag), 0)
+    bases = [s.base_offset for s in log.segments]
+    taken = snapshots(pdir)
+    assert taken and set(taken) <= set(bases) and taken == [b for b in bases if b > 8]
+    log.truncate_to(bases[-2] + 1)  # into the segment before the active one: its base's snapshot stays
+    assert snapshots(pdir) == [b for b in taken if b <= bases[-2]]
+    log.maybe_increment_log_start_offset(bases[-2])
+    log.delete_old_segments()
+    assert log.segments[0].base_offset == bases[-2]
+    assert snapshots(pdir) == [bases[-2]]
+    log.close()
+
+    reopened = open_log(pdir)
+    entry = reopened.producer_state.entry(PID)
+    assert entry is not None and entry.last_seq == 1
+    reopened.close()
 
 
 async def test_the_log_manager_tick_expires_idle_producers(tmp_path: Path) -> None:
