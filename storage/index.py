@@ -40,9 +40,15 @@ class SparseIndex:
     keys: list[int] = field(default_factory=list)
     values: list[int] = field(default_factory=list)
     persisted: int = 0  # entries already in the file
+    file_longer: bool = False  # the file still holds entries truncated away here (persist cuts them)
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    @property
+    def dirty(self) -> bool:
+        """The file differs from the entries: new ones to append, or truncated ones to cut."""
+        return self.persisted != len(self.keys) or self.file_longer
 
     def append(self, key: int, value: int) -> None:
         self.keys.append(key)
@@ -62,7 +68,9 @@ class SparseIndex:
     def truncate_count(self, n: int) -> None:
         del self.keys[n:]
         del self.values[n:]
-        self.persisted = min(self.persisted, n)
+        if n < self.persisted:
+            self.persisted = n
+            self.file_longer = True
 
 
 def offset_index_path(dir: Path, base: int) -> Path:
@@ -94,6 +102,7 @@ def persist(path: Path, idx: SparseIndex, data: bytes, entry_size: int, *, fsync
     finally:
         os.close(fd)
     idx.persisted = len(idx)
+    idx.file_longer = False
 
 
 def load_offset_index(path: Path, base: int, log_size: int) -> SparseIndex | None:

@@ -826,7 +826,11 @@ class Log:
         self.log_end_offset = leo
         self.epoch_cache.truncate_from_end(leo)
         self.recovery_point = min(self.recovery_point, leo)
-        self._rolled_unflushed = [s for s in self._rolled_unflushed if s.fd >= 0]
+        # A rolled segment the cut made active again is not a rolled one any more: its deferred flush would
+        # mark the appends made during its fsync flushed (``flush`` would then skip it and still move the
+        # recovery point to the LEO). It keeps ``unflushed`` and goes with the next ``flush``.
+        active = self.segments[-1]
+        self._rolled_unflushed = [s for s in self._rolled_unflushed if s.fd >= 0 and s is not active]
         self._generation += 1
 
     def maybe_increment_log_start_offset(self, offset: int) -> bool:

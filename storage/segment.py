@@ -379,11 +379,11 @@ class LogSegment:
 
     def persist_indexes(self, *, fsync: bool) -> None:
         base = self.base_offset
-        if self.offsets.persisted != len(self.offsets) or fsync or not self._index_files_exist():
+        if self.offsets.dirty or fsync or not self._index_files_exist():
             ix.persist(ix.offset_index_path(self.dir, base), self.offsets,
                        ix.encode_offset_entries(self.offsets, base, self.offsets.persisted),
                        ix.OFFSET_ENTRY.size, fsync=fsync)
-        if self.times.persisted != len(self.times) or fsync or not self._index_files_exist():
+        if self.times.dirty or fsync or not self._index_files_exist():
             ix.persist(ix.time_index_path(self.dir, base), self.times,
                        ix.encode_time_entries(self.times, base, self.times.persisted),
                        ix.TIME_ENTRY.size, fsync=fsync)

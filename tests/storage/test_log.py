@@ -389,6 +389,73 @@ async def test_deferred_roll_flush(pdir: Path) -> None:
     log.close()
 
 
+async def test_a_segment_made_active_again_by_a_truncation_is_not_flushed_as_rolled(pdir: Path) -> None:
+    """A truncation into a rolled, not yet flushed segment makes it the active one: the deferred roll flush must
+    leave it to ``flush`` (it marked it flushed and moved the recovery point over appends made during its fsync)."""
+    log = open_log(pdir)
+    log.defer_roll_flush = True
+    for _ in range(3):
+        log.append_as_leader(batch(1), 0)
+    log.roll()
+    log.append_as_leader(batch(1), 0)
+    log.truncate_to(2)  # segment 0 is the active one again
+    assert len(log.segments) == 1 and log.recovery_point == 0
+    log.append_as_leader(batch(2), 0)
+    await log.flush_rolled_segments()
+    assert log.recovery_point == 0  # nothing rolled is left to flush
+    assert log.segments[-1].unflushed
+    log.flush()
+    assert log.recovery_point == log.log_end_offset == 4
+    log.close()
+
+
+async def test_a_crash_after_truncation_and_reappend_reads_whole_batches(pdir: Path) -> None:
+    """A truncation into a rolled segment, other batches appended under the same offsets, the LogManager's
+    deferred flush, a kill: reads after the restart return whole batches. The index file kept the cut
+    batches' entries and the deferred flush moved the recovery point over the new ones; the reopened segment
+    trusted the file (its last entry matched) and a read landed in the middle of a batch."""
+    log = open_log(pdir, index_interval_bytes=1)
+    log.defer_roll_flush = True  # as the LogManager sets it
+    for n in (1, 2, 1, 1):  # offsets 0 | 1-2 | 3 | 4
+        log.append_as_leader(batch(n, size=20), 0)
+    log.roll()
+    log.append_as_leader(batch(1), 0)
+    log.truncate_to(1)
+    for n in (1, 2, 1):  # offsets 1 | 2-3 | 4: other batch boundaries under the same offsets
+        log.append_as_leader(batch(n, size=20, tag=7), 0)
+    await log.flush_rolled_segments()
+    leo = log.log_end_offset
+    # the first log is never closed, as after a kill; the recovery point checkpoint is what it reports
+    crashed = Log.open(pdir, LogConfig(index_interval_bytes=1), ManualClock(TS), recovery_point=log.recovery_point)
+    assert crashed.log_end_offset == leo
+    for offset in range(leo):
+        first = next(iter_batches(crashed.read(offset, 1 << 20).records))[1]
+        assert first.base_offset <= offset <= first.last_offset
+    crashed.close()
+
+
+async def test_index_files_follow_a_truncation(pdir: Path) -> None:
+    """After a truncation, a roll, the deferred flush and a clean close, the reopened segment's time index
+    holds no cut batch: their timestamps (here far ahead) stayed in the file and made the segment look that
+    new to retention."""
+    log = open_log(pdir, index_interval_bytes=1)
+    log.defer_roll_flush = True  # as the LogManager sets it
+    for i, ts in enumerate((TS + 500, TS + 510, TS + 999_000, TS + 999_100)):
+        log.append_as_leader(batch(1, ts=ts, size=20, tag=i), 0)
+    log.flush()
+    log.truncate_to(2)
+    for ts in (TS + 20, TS + 30):  # older: no new time index entry
+        log.append_as_leader(batch(1, ts=ts, size=20), 0)
+    assert log.segments[0].largest_timestamp_ms() == TS + 510
+    log.roll()
+    await log.flush_rolled_segments()
+    log.close()
+    log = Log.open(pdir, LogConfig(index_interval_bytes=1), ManualClock(TS), recovery_point=log.recovery_point)
+    assert log.segments[0].largest_timestamp_ms() == TS + 510
+    assert max(log.segments[0].times.keys) == TS + 510
+    log.close()
+
+
 def test_delete(pdir: Path) -> None:
     log = open_log(pdir)
     log.append_as_leader(batch(), 0)
