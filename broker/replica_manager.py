@@ -473,14 +473,14 @@ class ReplicaManager:
                     or p.state.leader_epoch != sent.leader_epoch):
                 return  # the partition moved meanwhile; LeaderAndIsr carries the truth
             if result.error is ErrorCode.NONE:
-                self._isr_change_done(p, result)
+                self._isr_change_done(p, result, change)
                 return
             log.warning("isr_change_rejected", broker_id=self.broker_id, topic=p.tp.topic, partition=p.tp.partition,
                         leader_epoch=sent.leader_epoch, partition_epoch=sent.partition_epoch,
                         new_isr=list(change.new_isr), error=result.error.name)
             if (result.error is ErrorCode.INVALID_UPDATE_VERSION and result.leader_epoch == sent.leader_epoch
                     and result.isr):
-                self._isr_change_done(p, result)  # the controller's committed ISR, at our leader epoch
+                self._isr_change_done(p, result, change)  # the controller's committed ISR, at our leader epoch
                 return
             if result.error in (ErrorCode.INELIGIBLE_REPLICA, ErrorCode.INVALID_REQUEST):
                 p.state = ps.isr_change_refused(p.state, ineligible=result.error is ErrorCode.INELIGIBLE_REPLICA)
@@ -496,18 +496,24 @@ class ReplicaManager:
             if self._closing:
                 return
 
-    def _isr_change_done(self, p: Partition, result: AlterResult) -> None:
-        """Take the controller's committed ISR for ``p`` (its answer to our AlterPartition)."""
+    def _isr_change_done(self, p: Partition, result: AlterResult, change: ps.PendingIsrChange) -> None:
+        """Take the controller's committed ISR for ``p`` (its answer to our AlterPartition ``change``).
+
+        As Kafka's ``Partition.handleAlterPartitionUpdate``, an expansion or shrink is counted by the kind of
+        the change asked for, when the controller committed it: answered NONE, or INVALID_UPDATE_VERSION
+        carrying that very ISR (a resend of a change applied whose answer was lost). An ISR adopted from an
+        INVALID_UPDATE_VERSION that is not ours counts as neither, whatever its size; so does an answer
+        not taken (another leader epoch, an older partition epoch).
+        """
         self._isr_backoff_until.pop(p.tp, None)
         before = p.state.isr
+        applies = result.leader_epoch == p.state.leader_epoch and result.partition_epoch >= p.state.partition_epoch
+        ours = result.error is ErrorCode.NONE or (
+            len(result.isr) == len(change.new_isr) and set(result.isr) == set(change.new_isr))
         p.state = ps.isr_change_committed(p.state, leader_epoch=result.leader_epoch, isr=result.isr,
                                           partition_epoch=result.partition_epoch)
-        grew = len(p.state.isr) > len(before)
-        shrank = len(p.state.isr) < len(before)
-        if grew:
-            self.metrics.isr_expands.inc()
-        if shrank:
-            self.metrics.isr_shrinks.inc()
+        if applies and ours:
+            (self.metrics.isr_expands if change.is_expand else self.metrics.isr_shrinks).inc()
         log.info("isr_updated", broker_id=self.broker_id, topic=p.tp.topic, partition=p.tp.partition,
                  leader_epoch=p.state.leader_epoch, partition_epoch=p.state.partition_epoch,
                  isr=list(p.state.isr), old_isr=list(before), high_watermark=p.state.high_watermark)

@@ -110,9 +110,13 @@ class ReplicaFetcherManager:
         task = self._tasks.pop(key, None)
         if task is None:
             return
-        for tp in task.partitions():
+        tps = task.partitions()
+        for tp in tps:
             if self._owner.get(tp) == key:
                 del self._owner[tp]
+        # Out of the task now, not when its stop runs: a new task with the same key (leader address change)
+        # may get them first, and the old one must neither fetch them meanwhile nor then remove their series.
+        task.remove_partitions(tps)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop: the task never started

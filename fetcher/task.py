@@ -556,8 +556,7 @@ class FetcherTask:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for tp in self._states.tps():
-            self._metrics.forget(tp)
+        self._metrics.close()  # this task's series, unless a live task with the same labels took them over
         await self.leader.close()
 
 

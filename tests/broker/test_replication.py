@@ -304,3 +304,60 @@ async def test_consumer_above_hw_long_polls(start_broker: StartBroker, controlle
     await follower_fetch(rpc, b.address, 6)
     c = part(await asyncio.wait_for(consumer, 30))
     assert c["high_watermark"] == 6 and [h.base_offset for _, h in iter_batches(c["records"])] == [3]
+
+
+async def _isr_metrics(address: str) -> tuple[str, str]:
+    lines = (await _metrics(address)).splitlines()
+    expands = next(line for line in lines if line.startswith("minibroker_isr_expands_total "))
+    shrinks = next(line for line in lines if line.startswith("minibroker_isr_shrinks_total "))
+    return expands.split()[1], shrinks.split()[1]
+
+
+async def test_an_expansion_answered_with_a_smaller_committed_isr_is_not_counted_as_a_shrink(
+        start_broker: StartBroker, controller: FakeController, rpc: RpcClient) -> None:
+    # Kafka (Partition.handleAlterPartitionUpdate) counts an expansion or a shrink by the change the leader
+    # asked for, once committed. Here the leader asks to add the follower, and the controller, which has
+    # moved on (ISR [1] at a newer partition epoch), answers INVALID_UPDATE_VERSION with that: the leader
+    # takes the smaller ISR, but it shrank nothing itself and its expansion did not commit.
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1, FOLLOWER, 3], isr=[1, 3])
+    await rpc.call(b.address, "produce", produce_body(batch(5)))
+    committed = controller.partitions[TP]
+    committed.isr, committed.partition_epoch = [1], committed.partition_epoch + 1
+    controller.reject_alter = ErrorCode.INVALID_UPDATE_VERSION
+    await follower_fetch(rpc, b.address, 0)  # FOLLOWER is at the HW: expansion asked
+    reqs = await controller.wait_alter(1)
+    assert reqs[0]["topics"][0]["partitions"][0]["new_isr"] == [1, 3, FOLLOWER]
+    await wait_until(lambda: b.rm is not None and b.rm.partitions[TP].state.isr == (1,))
+    assert b.rm is not None and b.rm.partitions[TP].state.partition_epoch == committed.partition_epoch
+    assert await _isr_metrics(b.address) == ("0.0", "0.0")
+
+
+async def test_a_shrink_answered_with_a_larger_committed_isr_is_not_counted_as_an_expansion(
+        start_broker: StartBroker, controller: FakeController, rpc: RpcClient) -> None:
+    b = await start_broker(sets={"replica.lag.time.max.ms": 200})
+    await controller.elect(TP, leader=1, replicas=[1, FOLLOWER, 3], isr=[1, FOLLOWER])
+    committed = controller.partitions[TP]
+    committed.isr, committed.partition_epoch = [1, FOLLOWER, 3], committed.partition_epoch + 1
+    controller.reject_alter = ErrorCode.INVALID_UPDATE_VERSION
+    await rpc.call(b.address, "produce", produce_body(batch(5)))  # FOLLOWER falls behind: shrink asked
+    reqs = await controller.wait_alter(1)
+    assert reqs[0]["topics"][0]["partitions"][0]["new_isr"] == [1]
+    await wait_until(lambda: b.rm is not None and b.rm.partitions[TP].state.isr == (1, FOLLOWER, 3))
+    assert await _isr_metrics(b.address) == ("0.0", "0.0")
+
+
+async def test_a_change_committed_before_its_answer_was_lost_is_counted_by_its_kind(
+        start_broker: StartBroker, controller: FakeController, rpc: RpcClient) -> None:
+    # The expansion was applied and its answer lost; the controller answers the resend INVALID_UPDATE_VERSION
+    # with the very ISR asked for: that is our expansion, committed.
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1, FOLLOWER], isr=[1])
+    await rpc.call(b.address, "produce", produce_body(batch(5)))
+    committed = controller.partitions[TP]
+    committed.isr, committed.partition_epoch = [FOLLOWER, 1], committed.partition_epoch + 1
+    controller.reject_alter = ErrorCode.INVALID_UPDATE_VERSION
+    await follower_fetch(rpc, b.address, 0)
+    await follower_fetch(rpc, b.address, 5)
+    await wait_until(lambda: b.rm is not None and b.rm.partitions[TP].state.isr == (FOLLOWER, 1))
+    assert await _isr_metrics(b.address) == ("1.0", "0.0")

@@ -9,7 +9,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from common.clock import SystemClock
+from prometheus_client import CollectorRegistry
+
+from common.clock import ManualClock, SystemClock
 from common.config import broker_config
 from common.errors import ErrorCode
 from common.wire import TopicPartition
@@ -17,6 +19,8 @@ from fetcher.api import BrokerEndpoint, InitialFetchState
 from fetcher.endpoint import EpochAnswer, EpochRequest, FetchRequest, FetchResponse, OffsetAnswer
 from fetcher.manager import ReplicaFetcherManager, fetcher_id_for
 from fetcher.state import EpochEndOffset
+from fetcher.task import FetcherConfig
+from tests.fetcher.fakes import TP, FakeLeader, LocalFollower, log_bytes, open_log, write
 
 ROOT = Path(__file__).resolve().parents[2]
 L1 = BrokerEndpoint(1, "127.0.0.1", 9001)
@@ -159,3 +163,144 @@ async def test_offline_or_self_leader_is_not_fetched() -> None:
                       b: InitialFetchState(BrokerEndpoint(5, "127.0.0.1", 9005), 1, 0)})  # 5 = this broker
     assert m.tasks() == {} and m.fetch_state(a) is None and m.fetch_state(b) is None
     await m.shutdown()
+
+
+class Leaders:
+    """An endpoint factory: a ``FakeLeader`` at each endpoint asked for, all leading TP from one real log,
+    and the follower broker (id 2) with its real log."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.clock = ManualClock()
+        self.log = open_log(tmp_path, "leader", self.clock)
+        self.follower = LocalFollower()
+        self.follower_log = open_log(tmp_path, "follower", self.clock)
+        self.follower.follow(TP, self.follower_log, 0)
+        self.epoch = 0
+        self.made: list[FakeLeader] = []
+
+    def __call__(self, endpoint: BrokerEndpoint) -> FakeLeader:
+        leader = FakeLeader(endpoint.broker_id)
+        leader._broker = endpoint
+        leader.lead(TP, self.log, self.epoch)
+        self.made.append(leader)
+        return leader
+
+    def write(self, batches: int) -> None:
+        write(self.log, self.epoch, batches, self.clock)
+        for leader in self.made:
+            leader.partitions[TP].high_watermark = self.log.log_end_offset
+
+    def new_epoch(self) -> None:
+        self.epoch += 1
+        self.follower.partitions[TP].leader_epoch = self.epoch
+        for leader in self.made:
+            leader.partitions[TP].leader_epoch = self.epoch
+
+    def caught_up(self) -> bool:
+        return self.follower_log.log_end_offset == self.log.log_end_offset
+
+    def manager(self, registry: CollectorRegistry) -> ReplicaFetcherManager:
+        return ReplicaFetcherManager(self.follower, broker_config(), SystemClock(), endpoint_factory=self,
+                                     fetcher_config=FetcherConfig(wait_max_ms=0, backoff_ms=50), registry=registry)
+
+    def close(self) -> None:
+        self.log.close()
+        self.follower_log.close()
+
+
+async def until(cond: Any, timeout_s: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+def fetcher_series(registry: CollectorRegistry) -> list[tuple[str, dict[str, str]]]:
+    return [(sample.name, sample.labels) for metric in registry.collect() for sample in metric.samples
+            if sample.name.startswith("minibroker_fetcher_") and not sample.name.endswith("_created")]
+
+
+LAG = {"broker_id": "2", "topic": "t", "partition": "0"}
+
+
+async def test_leadership_moving_away_removes_the_old_leaders_fetcher_series(tmp_path: Path) -> None:
+    """Kafka removes a fetcher thread's metrics when it shuts down: after the partition moved to leader 3,
+    no frozen series of leader 1's fetcher; after the partition left, no series at all."""
+    registry = CollectorRegistry()
+    leaders = Leaders(tmp_path)
+    m = leaders.manager(registry)
+    try:
+        leaders.write(2)
+        m.add_partitions({TP: InitialFetchState(L1, 0, 0)})
+        await until(leaders.caught_up)
+        old = {"broker_id": "2", "leader": "1", "fetcher": "0"}
+        assert (registry.get_sample_value("minibroker_fetcher_requests_total", old) or 0) >= 1
+        leaders.new_epoch()
+        m.add_partitions({TP: InitialFetchState(BrokerEndpoint(3, "127.0.0.1", 9003), leaders.epoch,
+                                                leaders.follower_log.log_end_offset)})
+        await m.shutdown_idle_fetchers()  # leader 1's task has stopped
+        leaders.write(1)
+        await until(leaders.caught_up)
+        assert [labels for _, labels in fetcher_series(registry) if labels.get("leader") == "1"] == []
+        new = {"broker_id": "2", "leader": "3", "fetcher": "0"}
+        assert (registry.get_sample_value("minibroker_fetcher_requests_total", new) or 0) >= 1
+        assert registry.get_sample_value("minibroker_fetcher_partition_lag", LAG) == 0
+        m.remove_partitions([TP])
+        await m.shutdown_idle_fetchers()
+        assert fetcher_series(registry) == []
+    finally:
+        await m.shutdown()
+        leaders.close()
+
+
+async def test_a_task_retired_for_a_new_leader_address_stops_late_and_keeps_the_new_tasks_series(
+        tmp_path: Path) -> None:
+    """The leader's address changed: the manager retires the task and makes a new one with the same
+    (leader, fetcher) key at once; the old task's stop runs later. It must not remove the series the new
+    task updates (same labels): neither the per-task counters nor the partition's lag gauge."""
+    registry = CollectorRegistry()
+    leaders = Leaders(tmp_path)
+    m = leaders.manager(registry)
+    try:
+        leaders.write(2)
+        m.add_partitions({TP: InitialFetchState(L1, 0, 0)})
+        await until(lambda: registry.get_sample_value("minibroker_fetcher_partition_lag", LAG) == 0)
+        # The old task is held in a fetch, and its cancellation lasts until `release`.
+        in_fetch, release = asyncio.Event(), asyncio.Event()
+
+        async def slow_to_stop(api: str) -> None:
+            in_fetch.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                await release.wait()
+                raise
+
+        (old_leader,) = leaders.made
+        (old_task,) = m.tasks().values()
+        old_leader.hook = slow_to_stop
+        await asyncio.wait_for(in_fetch.wait(), 30)
+        moved = BrokerEndpoint(1, "127.0.0.1", 9999)
+        m.add_partitions({TP: InitialFetchState(moved, 0, leaders.follower_log.log_end_offset)})
+        (task,) = m.tasks().values()
+        assert task is not old_task and task.leader.broker == moved and task.partitions() == [TP]
+        assert old_task.partitions() == []  # out of the retired task at once, not when its stop runs
+        leaders.write(1)
+        await until(leaders.caught_up)  # the new task fetches while the old one is still stopping
+        release.set()
+        await m.shutdown_idle_fetchers()  # the old task's stop has run
+        assert old_leader.closed
+        assert registry.get_sample_value("minibroker_fetcher_partition_lag", LAG) == 0
+        leaders.write(1)
+        await until(leaders.caught_up)
+        labels = {"broker_id": "2", "leader": "1", "fetcher": "0"}
+        requests = registry.get_sample_value("minibroker_fetcher_requests_total", labels)
+        assert requests is not None and requests >= task.stats.fetch_requests
+        assert registry.get_sample_value("minibroker_fetcher_bytes_total", labels) == len(log_bytes(leaders.log))
+        assert registry.get_sample_value("minibroker_fetcher_partition_lag", LAG) == 0
+        await m.shutdown()
+        assert fetcher_series(registry) == []
+    finally:
+        release.set()
+        await m.shutdown()
+        leaders.close()

@@ -681,3 +681,88 @@ async def test_a_log_that_fails_during_truncation_parks_only_its_partition(setup
     state = setup.task.fetch_state(broken)
     assert state is not None and state.status is FetchStatus.TRUNCATING
     assert setup.follower.truncations == [] and setup.task.stats.partition_errors >= 1
+
+
+def _diverged(s: Setup, tp: TopicPartition) -> None:
+    """``tp`` follows a leader whose epoch 1 replaced the follower's uncommitted epoch-0 tail (one truncation)."""
+    leader, follower = s.log(f"l{tp.partition}", tp), s.log(f"f{tp.partition}", tp)
+    write(leader, 0, 1, s.clock)
+    follower.append_as_follower(log_bytes(leader))
+    write(follower, 0, 1, s.clock)
+    write(leader, 1, 2, s.clock)
+    s.leader.lead(tp, leader, 1)
+    s.start(tp, follower, 1)
+
+
+async def test_a_partition_leaving_the_task_takes_its_truncation_series_along(tmp_path: Path,
+                                                                              clock: ManualClock) -> None:
+    """Kafka removes a partition's fetcher metrics when it leaves the fetcher: the truncation counter of a
+    deleted or moved partition must not stay in /metrics forever (the lag gauge already went)."""
+    registry = CollectorRegistry()
+    s = Setup(tmp_path, clock)
+    s.task = FetcherTask(0, s.leader, s.follower, CONFIG, clock, registry=registry)
+    a, b = TopicPartition("t", 0), TopicPartition("t", 1)
+    try:
+        _diverged(s, a)
+        _diverged(s, b)
+        await s.converge()
+
+        def truncations(tp: TopicPartition) -> float | None:
+            return registry.get_sample_value("minibroker_fetcher_truncations_total", {
+                "broker_id": "2", "topic": tp.topic, "partition": str(tp.partition),
+                "reason": "leader_epoch_end_offset"})
+
+        def lag(tp: TopicPartition) -> float | None:
+            return registry.get_sample_value("minibroker_fetcher_partition_lag", {
+                "broker_id": "2", "topic": tp.topic, "partition": str(tp.partition)})
+
+        assert (truncations(a), truncations(b), lag(a), lag(b)) == (1, 1, 0, 0)
+        s.task.remove_partitions([a])
+        assert (truncations(a), lag(a)) == (None, None)
+        assert (truncations(b), lag(b)) == (1, 0)  # the other partition's stay
+        await s.task.stop()  # a stopping task takes along the partitions it still had
+        assert (truncations(b), lag(b)) == (None, None)
+    finally:
+        s.close()
+
+
+async def test_a_stopped_task_leaves_no_series_of_its_own(tmp_path: Path, clock: ManualClock) -> None:
+    """Kafka removes a fetcher thread's metrics when it shuts down: no frozen series of an old leader's
+    fetcher. Another task's series in the same registry stay."""
+    registry = CollectorRegistry()
+    s = Setup(tmp_path, clock)
+    s.task = FetcherTask(0, s.leader, s.follower, CONFIG, clock, registry=registry)
+    other_leader = FakeLeader(3)
+    other = FetcherTask(0, other_leader, s.follower, CONFIG, clock, registry=registry)
+    mine = {"broker_id": "2", "leader": "1", "fetcher": "0"}
+    theirs = {"broker_id": "2", "leader": "3", "fetcher": "0"}
+    error = {**mine, "error": "KAFKA_STORAGE_ERROR"}
+    try:
+        f, ld = s.log("f"), s.log("l")
+        write(ld, 0, 2, clock)
+        s.leader.lead(TP, ld, 0)
+        s.start(TP, f, 0)
+        await s.converge()
+        s.leader.partitions[TP].error = ErrorCode.KAFKA_STORAGE_ERROR
+        await s.task.do_work()  # the partition is parked after an error
+        clock.advance(CONFIG.backoff_ms)
+        s.leader.down = True
+        assert (await s.task.do_work()).backed_off  # and the whole task backs off
+        assert (registry.get_sample_value("minibroker_fetcher_requests_total", mine) or 0) >= 1
+        assert registry.get_sample_value("minibroker_fetcher_bytes_total", mine) == len(log_bytes(ld))
+        assert registry.get_sample_value("minibroker_fetcher_partition_errors_total", error) == 1
+        assert registry.get_sample_value("minibroker_fetcher_backoffs_total", mine) == 1
+        assert registry.get_sample_value("minibroker_fetcher_requests_total", theirs) == 0
+
+        await s.task.stop()
+        for name in ("requests", "bytes", "backoffs"):
+            assert registry.get_sample_value(f"minibroker_fetcher_{name}_total", mine) is None, name
+        assert registry.get_sample_value("minibroker_fetcher_partition_errors_total", error) is None
+        assert [sample for metric in registry.collect() for sample in metric.samples
+                if sample.labels.get("leader") == "1"] == []
+        assert registry.get_sample_value("minibroker_fetcher_requests_total", theirs) == 0
+        await s.task.stop()  # a second stop is harmless
+        await other.stop()
+        assert registry.get_sample_value("minibroker_fetcher_requests_total", theirs) is None
+    finally:
+        s.close()
