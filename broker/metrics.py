@@ -64,7 +64,11 @@ class BrokerMetrics:
         r.register(_Collector(self))
         self.under_replicated = Gauge("minibroker_under_replicated_partitions",
                                       "led partitions with ISR smaller than the replica set", registry=r)
-        self.offline = Gauge("minibroker_offline_partitions", "partitions with no leader (metadata)", registry=r)
+        # Kafka's OfflinePartitionsCount is the active controller's alone; every broker reports this one from
+        # its metadata (the same partitions), so do not sum it over brokers
+        self.offline = Gauge("minibroker_offline_partitions", "partitions with no leader in this broker's metadata "
+                             "(every broker sees the same ones; the cluster count is "
+                             "minibroker_controller_offline_partitions)", registry=r)
         self.delayed = Gauge("minibroker_delayed_operations", "delayed operations waiting", ["purgatory"],
                              registry=r)
 
