@@ -17,8 +17,12 @@ COPY controller ./controller
 COPY client ./client
 COPY cli ./cli
 COPY audit ./audit
+# The compose file's named volumes mount at /data/<service>. Docker fills a new named volume from the image's
+# directory at its mount point, owner included; a mount point the image lacks would be created owned by root,
+# and the processes (not root) could not write their data dirs. So each exists here, owned by the user.
 RUN pip install . && useradd --system --uid 1000 --home-dir /data minibroker \
-    && mkdir -p /data && chown minibroker /data
+    && mkdir -p /data/controller /data/broker-1 /data/broker-2 /data/broker-3 \
+    && chown -R minibroker /data
 
 USER minibroker
 VOLUME ["/data"]
