@@ -88,16 +88,15 @@ def _reason(st: PartitionState, election: rules.Election, cause: ElectionReason)
 
 
 def remove_broker(image: MetadataImage, plan: Plan, broker: int, live: Collection[int], *,
-                  reason: ElectionReason, unclean_default: bool, keep_leader_if_stuck: bool = False) -> None:
-    """``broker`` leaves every ISR (never emptying one); new leaders where it led."""
+                  reason: ElectionReason, unclean_default: bool) -> None:
+    """``broker`` leaves every ISR (never emptying one); new leaders where it led, none (offline, the ISR
+    kept) where no other replica may lead."""
     eligible = set(live) - {broker}
     for tp, st in image.partitions_of_broker(broker):
         if broker not in st.isr and st.leader != broker:
             continue
         election = rules.remove_from_isr(st.replicas, st.isr, broker, eligible, current_leader=st.leader,
                                          unclean_enabled=unclean_enabled(image, tp.topic, unclean_default))
-        if keep_leader_if_stuck and st.leader == broker and election.offline:
-            continue  # controlled shutdown with no other ISR member: Kafka leaves it where it is
         if election.leader == st.leader and election.isr == st.isr:
             continue
         plan.change(tp, st, _bumped(st, election.leader, election.isr), _reason(st, election, reason))
@@ -172,10 +171,17 @@ def unfence_broker(image: MetadataImage, node_id: int, live: Collection[int], *,
 
 def controlled_shutdown(image: MetadataImage, node_id: int, live: Collection[int], *,
                         unclean_default: bool) -> tuple[Plan, list[TopicPartition]]:
-    """Move leadership off ``node_id`` and take it out of ISRs; what it must keep leading is returned."""
+    """Move leadership off ``node_id`` and take it out of ISRs; what it must keep leading is returned.
+
+    Where no other replica may lead (``node_id`` is the last live ISR member) the partition goes offline
+    (leader -1, the ISR kept, so ``node_id`` leads it again when it is back), as KRaft's
+    ``handleBrokerShutdown`` does, so nothing is left and the broker goes at once. The ZooKeeper-era
+    controller left such leaders in place and the broker retried until ``controlled.shutdown.max.retries``
+    ran out: the same outcome later, and a whole-cluster stop (``cluster down``) took the brokers'
+    ``controlled.shutdown.max.wait.ms`` (30 s) every time."""
     plan = Plan()
     remove_broker(image, plan, node_id, live, reason=ElectionReason.CONTROLLED_SHUTDOWN,
-                  unclean_default=unclean_default, keep_leader_if_stuck=True)
+                  unclean_default=unclean_default)
     planned = {c.tp: c.new for c in plan.changes}
     remaining = [tp for tp, st in image.partitions_of_broker(node_id) if planned.get(tp, st).leader == node_id]
     return plan, remaining

@@ -82,14 +82,17 @@ def test_registration_brings_an_offline_partition_back() -> None:
     assert image.partitions[TP0] == PartitionState((1, 2), (1,), 1, 4, 4)
 
 
-def test_controlled_shutdown_moves_leadership_or_reports_remaining() -> None:
+def test_controlled_shutdown_moves_leadership_or_takes_it_away() -> None:
     image = cluster((TP0, PartitionState((1, 2), (1, 2), 1, 0, 0)),
                     (TP1, PartitionState((1, 3), (1,), 1, 0, 0)))
     plan, remaining = ops.controlled_shutdown(image, 1, {2, 3}, unclean_default=False)
     image = applied(image, plan)
     assert image.partitions[TP0] == PartitionState((1, 2), (2,), 2, 1, 1)
-    assert image.partitions[TP1] == PartitionState((1, 3), (1,), 1, 0, 0)  # nobody else in sync: stays
-    assert remaining == [TP1]
+    # nobody else in sync: offline with its ISR kept (KRaft), so the broker need not wait to go
+    assert image.partitions[TP1] == PartitionState((1, 3), (1,), -1, 1, 1)
+    assert remaining == []
+    plan, _ = ops.register_broker(image, 1, "127.0.0.1", 9001, "again", {2, 3}, unclean_default=False)
+    assert applied(image, plan).partitions[TP1].leader == 1  # back: it leads again
 
 
 def test_preferred_election_moves_leadership_back() -> None:
