@@ -4,17 +4,26 @@
     minibroker audit EXPORT_DIR [--master URL] [--report FILE] [--evidence-rows N]
 
 ``audit`` exits 0 when nothing is violated, 1 when anything is, 2 for input it
-cannot use. Spark is imported only when ``audit`` runs.
+cannot use or a Spark that cannot start or run the job (``AUDIT_EXIT_STATUS``).
+Spark is imported only when ``audit`` runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+AUDIT_EXIT_STATUS = ("Exit status: 0 no violation, 1 a violation found, 2 a usage or environment error (bad "
+                     "flags, not an export, a Spark that cannot start or fails the job): one line on stderr.")
+# The --master URLs Spark takes (SparkSubmit's check, then SparkContext.createTaskScheduler's forms), checked
+# before a JVM starts only to refuse it with a stack trace. yarn and k8s:// are parsed by their cluster managers.
+SPARK_MASTER_RE = re.compile(r"local|local\[(\d+|\*)\]|local\[(\d+|\*)\s*,\s*\d+\]"
+                             r"|local-cluster\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\]|spark://.+|yarn|k8s://.+")
 
 
 def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAction[Any]) -> None:
@@ -30,9 +39,11 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
 
     a = sub.add_parser("audit", help="Spark consistency audit of an export",
                        description="Check an export for lost writes, inconsistent offsets, replica divergence, "
-                                   "duplicates, log structure and read anomalies. Exit 1 on any violation.")
+                                   "duplicates, log structure and read anomalies (docs/audit.md). "
+                                   + AUDIT_EXIT_STATUS)
     a.add_argument("export_dir", type=Path, metavar="EXPORT_DIR", help="directory written by `minibroker export`")
-    a.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
+    a.add_argument("--master", default="local[*]",
+                   help="Spark master URL: local[N], spark://HOST:PORT, yarn, k8s://... (default local[*])")
     a.add_argument("--report", type=Path, metavar="FILE", help="also write the JSON report here")
     a.add_argument("--evidence-rows", type=int, default=5, metavar="N",
                    help="rows of evidence per violation (default 5)")
@@ -45,11 +56,15 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
 
 
 def run_export(args: argparse.Namespace) -> int:
+    import os
+
     from audit.export import ExportError, export
     from cli.main import CliError
     from common.logging import configure
 
-    configure("export")
+    # stdout's summary is the output; the export's events (export_done, each damaged region, which the
+    # summary counts and damaged.parquet lists) are info: on stderr only with MINIBROKER_LOG_LEVEL=INFO
+    configure("export", level=os.environ.get("MINIBROKER_LOG_LEVEL", "WARNING"))
     try:
         summary = export(args.data_dir, args.out, history=args.history)
     except ExportError as exc:
@@ -88,12 +103,31 @@ def check_report_path(path: Path) -> None:
         raise CliError(f"--report {path}: cannot write in {parent}: {exc.strerror or exc}") from None
 
 
+def check_master(master: str) -> None:
+    """``CliError`` for a ``--master`` Spark cannot parse (``SPARK_MASTER_RE``), before a JVM is started
+    only to print a stack trace."""
+    from cli.main import CliError
+
+    if not SPARK_MASTER_RE.fullmatch(master):
+        raise CliError(f"--master {master!r}: not a Spark master URL (local[N], spark://HOST:PORT, yarn, "
+                       "k8s://...)")
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception from Spark as one line: a Java exception's own message, not the JVM's stack."""
+    java = getattr(exc, "java_exception", None)
+    text = str(java.toString()) if java is not None else str(exc)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
 def run_audit_command(args: argparse.Namespace) -> int:
     from audit import schema
     from cli.main import CliError
 
     if args.evidence_rows < 1:
         raise CliError("--evidence-rows must be at least 1")
+    check_master(args.master)
     try:
         schema.read_manifest(args.export_dir)  # fail before starting a JVM
     except ValueError as exc:
@@ -109,7 +143,10 @@ def run_audit_command(args: argparse.Namespace) -> int:
 
     # Called in-process next to a running session (tests, notebooks): use it and leave it running.
     existing = SparkSession.getActiveSession()
-    spark = existing or build_session(args.master, extra_conf=conf)
+    try:
+        spark = existing or build_session(args.master, extra_conf=conf)
+    except (Py4JError, PySparkException) as exc:  # no JVM (no Java), a master it refuses or cannot reach
+        raise CliError(f"cannot start Spark with --master {args.master}: {_one_line(exc)}") from None
     try:
         report = run_audit(spark, args.export_dir, evidence_rows=args.evidence_rows)
     except ValueError as exc:

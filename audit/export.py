@@ -484,7 +484,7 @@ def load_metadata(paths: list[Path]) -> Metadata:
             rows += assignment_rows(read_image(d))
         except Exception as exc:  # whatever replaying damaged metadata raises is damage, never fatal
             damage.append(Damage(None, None, d, 0, "bad_metadata", f"{type(exc).__name__}: {exc}"))
-            log.warning("export_damage_found", file=str(d), kind="bad_metadata", error=str(exc))
+            log.info("export_damage_found", file=str(d), kind="bad_metadata", error=str(exc))
     if damage:
         return Metadata(None, "controller metadata unreadable (see damaged_files)", damage, dirs)
     if not dirs:
@@ -581,8 +581,8 @@ def export_brokers(brokers: list[BrokerDir], out: Path, summary: ExportSummary) 
         for b in brokers:
             if b.meta_error:  # the id came from the broker-<id> name
                 damage.append(Damage(b.broker_id, None, b.path / META_FILE, 0, "bad_checkpoint", b.meta_error))
-                log.warning("export_damage_found", broker_id=b.broker_id, file=str(b.path / META_FILE),
-                            kind="bad_checkpoint", error=b.meta_error)
+                log.info("export_damage_found", broker_id=b.broker_id, file=str(b.path / META_FILE),
+                         kind="bad_checkpoint", error=b.meta_error)
             cps = read_checkpoints(b, damage)
             for tp, pdir in partition_dirs(b.path):
                 scan, rows = scan_partition(b.broker_id, tp, pdir)
@@ -591,9 +591,9 @@ def export_brokers(brokers: list[BrokerDir], out: Path, summary: ExportSummary) 
                 replicas.append(replica_row(b, scan, pdir, cps))
                 damage += scan.damage
                 for d in scan.damage:
-                    log.warning("export_damage_found", broker_id=b.broker_id, topic=tp.topic,
-                                partition=tp.partition, file=str(d.file), position=d.position, kind=d.kind,
-                                error=d.error)
+                    log.info("export_damage_found", broker_id=b.broker_id, topic=tp.topic,
+                             partition=tp.partition, file=str(d.file), position=d.position, kind=d.kind,
+                             error=d.error)
     finally:
         records.close()
     schema.write_table(out, "replicas", replicas)

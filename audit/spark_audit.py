@@ -31,9 +31,10 @@ Checks, one result each:
                          record of every replica (committed or not): two leaders in one epoch (invariant 5)
 ``missing_replicas``     a replica the controller assigned that the export has no replica row for (skipped
                          without controller metadata; ``metadata_note`` in the manifest says why)
-``duplicates``           one value at two offsets of the final log; a violation when both copies come from
-                         the same idempotent producer id (Kafka's idempotence is per producer session),
-                         otherwise only counted
+``duplicates``           one idempotent producer's record -- the same (topic, partition, producer id, producer
+                         epoch, sequence) -- at two offsets of the final log: a retry appended twice
+                         (invariant 6). One value at two offsets with other sequences (two sends of an equal
+                         value), or without idempotence, is only counted
 ``offset_gaps``          a replica's log skips offsets (in file order, or its first offset is above log start)
 ``offset_repeats``       a replica's log repeats an offset or goes backwards
 ``epoch_regressions``    leader epochs decrease along a replica's log
@@ -81,6 +82,8 @@ if TYPE_CHECKING:  # pyspark is imported lazily: the CLI starts without a JVM
     from pyspark.sql import Column, DataFrame, SparkSession
 
 EVIDENCE_ROWS = 5
+EVIDENCE_POSITIONS = 10  # positions listed in one evidence row (its count says how many there are)
+EVIDENCE_VALUE_CHARS = 200  # characters of a value shown in duplicates evidence
 KEYS = ["export", "topic", "partition"]
 REPLICA = ["export", "broker", "topic", "partition"]
 
@@ -401,26 +404,51 @@ def check_missing_replicas(c: Context) -> DataFrame:
     return assigned.join(c.t.replicas.select(*REPLICA), REPLICA, "left_anti")
 
 
+def _bounded(col: Column) -> Column:
+    """The first ``EVIDENCE_POSITIONS`` elements of a sorted array column (an evidence row's ``copies``
+    counts them all): one value written thousands of times must not make a row of thousands of positions."""
+    from pyspark.sql import functions as F
+
+    return F.slice(F.array_sort(col), 1, EVIDENCE_POSITIONS)
+
+
+def _short_text(col: str) -> Column:
+    """A value as text for evidence, cut to ``EVIDENCE_VALUE_CHARS`` characters (a benchmark's payload
+    can be a MiB)."""
+    from pyspark.sql import functions as F
+
+    text = _text(col)
+    return F.when(F.length(text) > EVIDENCE_VALUE_CHARS,
+                  F.concat(F.substring(text, 1, EVIDENCE_VALUE_CHARS), F.lit("..."))).otherwise(text)
+
+
 def duplicate_groups(c: Context) -> DataFrame:
+    """One value at two offsets of a topic's final log (counted, not a violation: equal values sent
+    twice are different sends, and without idempotence a retry may write a record twice)."""
     from pyspark.sql import functions as F
 
     return (c.final.where(F.col("value").isNotNull()).groupBy("export", "topic", _vkey().alias("vkey"))
             .agg(F.count("*").alias("copies"),
-                 F.first(_text("value")).alias("value"),
-                 F.array_sort(F.collect_list(F.struct("partition", "offset", "producer_id", "producer_epoch",
-                                                      "sequence"))).alias("positions"))
+                 F.first(_short_text("value")).alias("value"),
+                 _bounded(F.collect_list(F.struct("partition", "offset", "producer_id", "producer_epoch",
+                                                  "sequence"))).alias("positions"))
             .where(F.col("copies") > 1).drop("vkey"))
 
 
 def idempotent_duplicates(c: Context) -> DataFrame:
+    """One record of an idempotent producer at two offsets of a partition's final log: the same
+    (producer id, producer epoch, sequence), which only a retry of the same batch carries, appended twice
+    (invariant 6). Sequences count per partition, so copies are grouped per partition. Equal values with
+    other sequences are other sends (``duplicate_groups`` counts them)."""
     from pyspark.sql import functions as F
 
-    return (c.final.where(F.col("value").isNotNull() & (F.col("producer_id") >= 0))
-            .groupBy("export", "topic", _vkey().alias("vkey"), "producer_id")
-            .agg(F.count("*").alias("copies"), F.first(_text("value")).alias("value"),
-                 F.array_sort(F.collect_list(F.struct("partition", "offset", "producer_epoch",
-                                                      "sequence"))).alias("positions"))
-            .where(F.col("copies") > 1).drop("vkey"))
+    return (c.final.where((F.col("producer_id") >= 0) & (F.col("sequence") >= 0))
+            .groupBy(*KEYS, "producer_id", "producer_epoch", "sequence")
+            .agg(F.count("*").alias("copies"), F.countDistinct(_vkey()).alias("values"),
+                 F.min(_short_text("value")).alias("value"),
+                 _bounded(F.collect_list(F.struct("offset", "leader_epoch", "batch_base_offset")))
+                 .alias("positions"))
+            .where(F.col("copies") > 1))
 
 
 def _replica_order(t: Tables) -> DataFrame:
@@ -540,8 +568,9 @@ def check_failed_writes_present(c: Context) -> DataFrame:
     cond = ((F.col("export") == F.col("_r_export")) & (F.col("topic") == F.col("_r_topic"))
             & (F.col("vkey") == F.col("_r_vkey")) & (F.col("hkey").isNull() | (F.col("hkey") == F.col("_r_kkey"))))
     return (failed.join(log, cond).groupBy("export", "process", "seq", "topic", "value")
-            .agg(F.array_sort(F.collect_list("at")).alias("found_at"))
-            .select("export", "process", "seq", "topic", _text("value").alias("value"), "found_at"))
+            .agg(F.count("*").alias("copies"), _bounded(F.collect_list("at")).alias("found_at"))
+            .select("export", "process", "seq", "topic", _short_text("value").alias("value"), "copies",
+                    "found_at"))
 
 
 def check_damaged_files(c: Context) -> DataFrame:
@@ -568,7 +597,8 @@ QUERIES: dict[str, Query] = {
     "replica_divergence": Query(check_replica_divergence, PARTITION_ORDER),
     "epoch_forks": Query(check_epoch_forks, ("topic", "partition", "offset", "leader_epoch")),
     "missing_replicas": Query(check_missing_replicas, ("topic", "partition", "broker")),
-    "duplicates:idempotent": Query(idempotent_duplicates, ("topic", "value")),
+    "duplicates:idempotent": Query(idempotent_duplicates,
+                                   ("topic", "partition", "producer_id", "producer_epoch", "sequence")),
     "duplicates:all": Query(duplicate_groups, ("topic", "value")),
     "offset_gaps": Query(check_offset_gaps, REPLICA_ORDER),
     "offset_repeats": Query(check_offset_repeats, ("broker", "topic", "partition", "segment", "position")),
@@ -691,11 +721,13 @@ def _export_results(export: str, manifest: dict[str, Any], counts: Counts,
     if n("duplicates:idempotent"):
         results["duplicates"] = CheckResult("duplicates", Status.VIOLATION, n("duplicates:idempotent"),
                                             rows("duplicates:idempotent"),
-                                            "values written twice by one idempotent producer")
+                                            "records of one idempotent producer (same producer id, epoch and "
+                                            "sequence) at two offsets: a retry appended twice")
     elif n("duplicates:all"):
         results["duplicates"] = CheckResult(
             "duplicates", Status.COUNTED, n("duplicates:all"), rows("duplicates:all"),
-            "values at two offsets, not from one idempotent producer (retries may duplicate)")
+            "values at two offsets, each a separate send (other sequences, or no idempotence: retries may "
+            "duplicate)")
     else:
         results["duplicates"] = CheckResult("duplicates", Status.OK, 0)
     if n("stat:torn_tails"):

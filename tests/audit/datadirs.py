@@ -27,6 +27,7 @@ from storage.record_batch import ATTRIBUTES_OFFSET, HEADER_SIZE, build_batch, pa
 class Batch:
     epoch: int
     values: Sequence[str]
+    sequence: int | None = None  # its base sequence with a producer id (default: its base offset)
 
 
 def write_meta(broker_dir: Path, broker_id: int) -> None:
@@ -53,7 +54,8 @@ def write_replica(broker_dir: Path, broker_id: int, segments: Sequence[Sequence[
                                       base_offset=offset, timestamp_ms=1_700_000_000_000 + offset,
                                       partition_leader_epoch=b.epoch, producer_id=producer_id,
                                       producer_epoch=0 if producer_id >= 0 else -1,
-                                      base_sequence=offset if producer_id >= 0 else -1))
+                                      base_sequence=(offset if b.sequence is None else b.sequence)
+                                      if producer_id >= 0 else -1))
             offset += len(b.values)
         path.write_bytes(b"".join(chunks))
         paths.append(path)

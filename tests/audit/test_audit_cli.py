@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -67,4 +68,37 @@ def test_a_failed_spark_job_is_one_line_and_the_session_survives(spark: Any, tmp
     assert err[-1].startswith("minibroker: error: the Spark audit failed (")
     assert "--conf spark.driver.memory=8g" in err[-1]
     assert not spark.sparkContext._jsc.sc().isStopped()
+
+
+@pytest.mark.parametrize("master", ["bogus://x", "local[abc]", "sparkle"])
+def test_a_master_spark_refuses_is_one_line_and_exit_2(tmp_path: Path, master: str) -> None:
+    # was a PySpark traceback (after spark-submit's Java stack) and exit 1, which means "a violation"
+    proc = run_cli("audit", str(clean_export().write(tmp_path / "e")), "--master", master)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.splitlines() == [f"minibroker: error: --master {master!r}: not a Spark master URL "
+                                        "(local[N], spark://HOST:PORT, yarn, k8s://...)"]
+    assert proc.stdout == ""
+
+
+def test_a_spark_that_cannot_start_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    # a machine whose Java is missing (here JAVA_HOME names an empty dir): Spark's launcher fails, and the
+    # audit says so in one line, exit 2 (an environment error, not "a violation")
+    pytest.importorskip("pyspark")
+    export_dir = clean_export().write(tmp_path / "e")
+    env = {**os.environ, "JAVA_HOME": str(tmp_path / "no-java")}
+    (tmp_path / "no-java").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "audit", str(export_dir), "--master", "local[1]"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=170, check=False, env=env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith("minibroker: error: cannot start Spark with --master local[1]: ")
+    assert proc.stdout == ""
+
+
+def test_audit_help_gives_the_exit_statuses(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["audit", "--help"])
+    assert exit_.value.code == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert ("Exit status: 0 no violation, 1 a violation found, 2 a usage or environment error" in help_text)
 

@@ -184,16 +184,21 @@ def test_export_can_overwrite_an_earlier_export(tmp_path: Path) -> None:
     assert table(out, "sends") == []
 
 
-def test_export_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_export_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MINIBROKER_LOG_LEVEL", raising=False)
     c = cluster(tmp_path / "c")
     hist_dir = tmp_path / "run"
     hist_dir.mkdir()
     history(hist_dir / "workload-history.jsonl")
     assert main(["export", "--data-dir", str(c / "broker-0"), str(c / "broker-1"), "--data-dir",
                  str(c / "broker-2"), "--history", str(hist_dir), "--out", str(tmp_path / "e")]) == 0
-    printed = capsys.readouterr().out
-    assert "exported 18 records of 3 replicas on brokers 0, 1, 2" in printed
-    assert "6 sends, 6 polls" in printed
+    printed = capsys.readouterr()
+    assert "exported 18 records of 3 replicas on brokers 0, 1, 2" in printed.out
+    assert "6 sends, 6 polls" in printed.out
+    assert printed.err == ""  # the summary is the output, without a log line (export_done) after it
+    monkeypatch.setenv("MINIBROKER_LOG_LEVEL", "INFO")  # the events are still there when asked for
+    assert main(["export", "--data-dir", str(c), "--out", str(tmp_path / "e")]) == 0
+    assert '"event": "export_done"' in capsys.readouterr().err
     assert main(["export", "--data-dir", str(tmp_path), "--out", str(tmp_path / "e2")]) == 2
     assert "neither a broker data directory" in capsys.readouterr().err
 

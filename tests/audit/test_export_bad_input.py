@@ -271,7 +271,9 @@ def test_a_broker_dir_with_a_bad_node_id_is_a_clear_error(tmp_path: Path, capsys
     ["--history", "h3.jsonl"],  # a huge offset in the history
     [],  # a huge HW in a checkpoint: damage, exit 0
 ])
-def test_subprocess_never_prints_a_traceback(tmp_path: Path, args: list[str]) -> None:
+def test_subprocess_never_prints_a_traceback(tmp_path: Path, args: list[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MINIBROKER_LOG_LEVEL", raising=False)
     c = cluster(tmp_path / "c")
     (c / "broker-0" / "replication-offset-checkpoint").write_text(f"0\n1\nt 0 {HUGE}\n")
     write_history(tmp_path / "h3.jsonl", {**SEND, "offset": int(HUGE)})
@@ -286,6 +288,7 @@ def test_subprocess_never_prints_a_traceback(tmp_path: Path, args: list[str]) ->
     else:
         assert proc.returncode == 0, proc.stderr
         assert "damaged regions: 1" in proc.stdout
+        assert proc.stderr == ""  # the summary counts the damage: no log lines (export_damage_found, export_done)
 
 
 # ---------------------------------------------------------------- audit

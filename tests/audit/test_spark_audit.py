@@ -17,12 +17,21 @@ from typing import Any
 import pytest
 
 from audit.export import export
-from audit.spark_audit import CHECK_NAMES, AuditReport, Status, format_summary, run_audit, run_audits, write_report
+from audit.spark_audit import (
+    CHECK_NAMES,
+    EVIDENCE_POSITIONS,
+    AuditReport,
+    Status,
+    format_summary,
+    run_audit,
+    run_audits,
+    write_report,
+)
 from common.wire import TopicPartition
 from controller.journal import encode_frame
 from storage.checkpoint import read_offsets, write_offsets
 from tests.audit.datadirs import Batch, batch_positions, cluster, corrupt_byte, history, write_replica
-from tests.audit.exports import BROKERS, Export, _crc, clean_export
+from tests.audit.exports import BROKERS, Export, _crc, _row, clean_export
 
 
 def flagged(report: AuditReport) -> set[str]:
@@ -108,10 +117,53 @@ def _no_history(e: Export) -> None:
     e.sends, e.polls, e.has_history = [], [], False
 
 
-def _idempotent_duplicate(e: Export) -> None:
+def _idempotent(e: Export, producer_id: int = 7) -> None:
+    """Every record written by one idempotent producer: producer epoch 0, sequence = offset."""
     for r in e.records:
-        r["producer_id"], r["producer_epoch"], r["sequence"] = 7, 0, r["offset"]
-    _duplicate(e)
+        r["producer_id"], r["producer_epoch"], r["sequence"] = producer_id, 0, r["offset"]
+
+
+def _idempotent_duplicate(e: Export) -> None:
+    """A retry of the batch of v8 (producer 7, epoch 0, sequence 8) appended again, at offset 10."""
+    _idempotent(e)
+    e.add_log_record(10, b"v8")
+    for b in BROKERS:
+        e.record(b, 10).update(producer_id=7, producer_epoch=0, sequence=8)
+    e.poll("final", 10, 10, "v8")
+
+
+def _idempotent_tombstone_duplicate(e: Export) -> None:
+    """A retry of a null-value record (a tombstone: producer 7, sequence 8) appended again, at offset 10."""
+    _no_history(e)
+    _idempotent(e)
+    e.add_log_record(10, b"")
+    for b in BROKERS:
+        e.record(b, 8)["value"] = None
+        e.record(b, 10).update(value=None, producer_id=7, producer_epoch=0, sequence=8)
+
+
+def _idempotent_equal_values(e: Export) -> None:
+    """One idempotent producer sent the same (empty) value ten times, each its own send and sequence: the
+    three empty lines typed into ``minibroker produce``, or ``perf produce``'s identical payloads."""
+    _idempotent(e)
+    for row in [*e.records, *e.polls, *(s for s in e.sends if s["outcome"] == "ok")]:
+        row["value"] = b""
+
+
+def _equal_values_at(e: Export, n: int, *, retried: bool) -> None:
+    """One idempotent producer's value ``x`` at offsets 0..n-1 of every replica (no history): each its own
+    sequence, or (``retried``) all of them sequence 0."""
+    _no_history(e)
+    e.records = [{**_row(b, o, o, o, 1, b"x", pid=7), **({"sequence": 0} if retried else {})}
+                 for b in BROKERS for o in range(n)]
+    for r in e.replicas:
+        r.update(high_watermark=n, log_end_offset=n, recovery_point=n, records=n, batches=n)
+
+
+def _failed_value_many_times(e: Export) -> None:
+    for o in range(10, 40):  # the value of the failed send "refused" at 30 offsets
+        e.add_log_record(o, b"refused")
+        e.poll("final", o, o, "refused")
 
 
 def _torn_tail(e: Export) -> None:
@@ -193,6 +245,7 @@ ANOMALIES: dict[str, tuple[Callable[[Export], None], str]] = {
     "inconsistent_offsets": (_inconsistent_replica, "inconsistent_offsets"),
     "replica_divergence": (_divergence_other_epoch, "replica_divergence"),
     "idempotent_duplicates": (_idempotent_duplicate, "duplicates"),
+    "idempotent_tombstone_duplicates": (_idempotent_tombstone_duplicate, "duplicates"),
     "offset_gaps": (_gap, "offset_gaps"),
     "offset_repeats": (_repeat, "offset_repeats"),
     "epoch_regressions": (_epoch_regression, "epoch_regressions"),
@@ -214,6 +267,8 @@ CLEAN: dict[str, Callable[[Export], None]] = {
     "clean": lambda e: None,
     "no_history": _no_history,
     "plain_duplicates": _duplicate,
+    "idempotent_equal_values": _idempotent_equal_values,
+    "many_equal_values": lambda e: _equal_values_at(e, 3000, retried=False),
     "torn_tail": _torn_tail,
     "deposed_leader_tail": _deposed_leader_tail,
     "retention": _retention,
@@ -223,6 +278,8 @@ CLEAN: dict[str, Callable[[Export], None]] = {
 OTHER: dict[str, Callable[[Export], None]] = {
     "inconsistent_read": _inconsistent_read,
     "divergence_same_epoch": _divergence,
+    "many_retries": lambda e: _equal_values_at(e, 3000, retried=True),
+    "failed_value_many_times": _failed_value_many_times,
 }
 GLOB_DIR = "run[1]{a,b}*?\\x"  # Hadoop glob characters in an export's path
 
@@ -260,6 +317,19 @@ def _real_file_exports(root: Path) -> dict[str, Path]:
             history(hist / "history-rerun.jsonl")
         out[name] = root / name
         export([c], out[name], history=hist)
+    # one idempotent producer (id 7) writing x at sequences 0-5 of partitions t-0 and t-1
+    same = [[Batch(0, ["x", "x"]), Batch(0, ["x"])], [Batch(1, ["x", "x"]), Batch(1, ["x"])]]
+    # a retry of the batch of v3-v4 (sequences 3-4) appended again at offsets 5-6
+    retried = [[Batch(0, ["v0", "v1"]), Batch(0, ["v2"])], [Batch(1, ["v3", "v4"]), Batch(1, ["v3", "v4"], sequence=3)]]
+    for name, partitions, segments in (("files_idempotent_equal_values", (0, 1), same),
+                                       ("files_idempotent_retry", (0,), retried)):
+        c = root / f"{name}-cluster"
+        records = sum(len(batch.values) for seg in segments for batch in seg)
+        for b in BROKERS:
+            for p in partitions:
+                write_replica(c / f"broker-{b}", b, segments, hw=records, partition=p, producer_id=7)
+        out[name] = root / name
+        export([c], out[name])
     return out
 
 
@@ -359,10 +429,63 @@ def test_read_evidence(reports: dict[str, AuditReport]) -> None:
 
 
 def test_duplicates_are_a_violation_with_an_idempotent_producer(reports: dict[str, AuditReport]) -> None:
+    """One record of an idempotent producer, (producer id, epoch, sequence), at two offsets: a retry
+    appended twice (invariant 6)."""
     result = reports["idempotent_duplicates"].check("duplicates")
-    assert result.status is Status.VIOLATION
-    assert result.evidence[0]["value"] == "v8"
-    assert result.evidence[0]["producer_id"] == 7
+    assert (result.status, result.count) == (Status.VIOLATION, 1)
+    row = result.evidence[0]
+    assert (row["value"], row["producer_id"], row["producer_epoch"], row["sequence"], row["copies"]) \
+        == ("v8", 7, 0, 8, 2)
+    assert [p["offset"] for p in row["positions"]] == [8, 10]
+    tombstone = reports["idempotent_tombstone_duplicates"].check("duplicates")  # a null value is a record too
+    assert (tombstone.status, tombstone.count, tombstone.evidence[0]["sequence"]) == (Status.VIOLATION, 1, 8)
+    assert [p["offset"] for p in tombstone.evidence[0]["positions"]] == [8, 10]
+
+
+def test_a_retried_batch_in_real_files_is_a_violation(reports: dict[str, AuditReport]) -> None:
+    """Sequences as the export derives them (base sequence + offset delta) from batches storage wrote."""
+    report = reports["files_idempotent_retry"]
+    assert flagged(report) == {"duplicates"}, format_summary(report)
+    result = report.check("duplicates")
+    assert (result.status, result.count) == (Status.VIOLATION, 2)  # sequences 3 and 4
+    assert [(r["partition"], r["sequence"], r["value"], [p["offset"] for p in r["positions"]])
+            for r in result.evidence] == [(0, 3, "v3", [3, 5]), (0, 4, "v4", [4, 6])]
+
+
+def test_equal_values_of_one_idempotent_producer_are_only_counted(reports: dict[str, AuditReport]) -> None:
+    """Equal values at other sequences are other sends (``minibroker produce`` given three empty lines,
+    ``perf produce``'s identical payloads): counted, never a violation; nor the same sequences in two
+    partitions (sequences count per partition)."""
+    for name, copies in (("idempotent_equal_values", 10), ("files_idempotent_equal_values", 12)):
+        report = reports[name]
+        assert report.ok and flagged(report) == {"duplicates"}, format_summary(report)
+        result = report.check("duplicates")
+        assert (result.status, result.count, result.evidence[0]["copies"]) == (Status.COUNTED, 1, copies)
+        assert "RESULT: ok" in format_summary(report)
+    positions = reports["files_idempotent_equal_values"].check("duplicates").evidence[0]["positions"]
+    assert {(p["partition"], p["sequence"]) for p in positions} >= {(0, 0), (1, 0)}
+
+
+@pytest.mark.parametrize(("case", "status"), [("many_equal_values", Status.COUNTED),
+                                              ("many_retries", Status.VIOLATION)])
+def test_evidence_of_thousands_of_copies_is_bounded(reports: dict[str, AuditReport], tmp_path: Path,
+                                                    case: str, status: Status) -> None:
+    report = reports[case]
+    result = report.check("duplicates")
+    assert (result.status, result.count) == (status, 1)
+    assert result.evidence[0]["copies"] == 3000
+    assert len(result.evidence[0]["positions"]) == EVIDENCE_POSITIONS
+    assert [p["offset"] for p in result.evidence[0]["positions"]] == list(range(EVIDENCE_POSITIONS))
+    assert len(format_summary(report)) < 4_000
+    write_report(report, tmp_path / "report.json")
+    assert (tmp_path / "report.json").stat().st_size < 8_000
+
+
+def test_failed_write_evidence_is_bounded(reports: dict[str, AuditReport]) -> None:
+    report = reports["failed_value_many_times"]
+    assert flagged(report) == {"failed_writes_present", "duplicates"}, format_summary(report)
+    row = report.check("failed_writes_present").evidence[0]
+    assert (row["value"], row["copies"], len(row["found_at"])) == ("refused", 30, EVIDENCE_POSITIONS)
 
 
 def test_duplicates_are_only_counted_without_idempotence(reports: dict[str, AuditReport]) -> None:
