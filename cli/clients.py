@@ -10,19 +10,33 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import functools
 import json
 import os
+import signal
 import sys
-from collections.abc import AsyncIterator, Coroutine
-from typing import Any, BinaryIO, TextIO
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, BinaryIO, TextIO, TypeVar
 
 from cli.main import CliError
 from common.cli_args import non_negative, positive
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9091,127.0.0.1:9092,127.0.0.1:9093"
 DEFAULT_CONTROLLER = "127.0.0.1:9090"
+
+# After a Ctrl-C, how long produce waits for the records it already sent (a second Ctrl-C stops waiting)
+INTERRUPT_WAIT_MS = 10_000
+# consume: a topic the brokers keep saying does not exist for this long is reported (not at their first answer:
+# a topic just created reaches the brokers a moment after the controller answered the create)
+UNKNOWN_TOPIC_GRACE_MS = 1_000
+# a delivery report shows this many bytes of a line too long to be a record (the rest was never kept)
+LONG_LINE_HEAD_BYTES = 64
+
+_T = TypeVar("_T")
 
 
 # -- shared helpers --------------------------------------------------------------------------------
@@ -93,13 +107,34 @@ def run_client(coro: Coroutine[Any, Any, int]) -> int:
     except ValueError as exc:
         raise CliError(str(exc)) from None
     except BrokenPipeError:
-        with contextlib.suppress(OSError):
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep the interpreter from complaining at exit
+        quiet_broken_stdout()
         return 0
 
 
-def text_of(data: bytes | None) -> str | None:
-    return None if data is None else data.decode("utf-8", "backslashreplace")
+def quiet_broken_stdout() -> None:
+    """Stdout's reader went away (EPIPE: ``| head -1``): send whatever is still buffered, and anything written
+    later, the interpreter's flush at exit included, to /dev/null, so the command ends quietly as Unix tools
+    do (Python's documentation, "Note on SIGPIPE")."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+    with contextlib.suppress(OSError):
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep the interpreter from complaining at exit
+
+
+def data_fields(name: str, data: bytes | None) -> dict[str, str | None]:
+    """JSON fields for a key or value: ``{name: text}`` when it is UTF-8 (``{name: None}`` when null), else
+    ``{name + "_base64": base64 of the bytes}`` and no ``name``: bytes that are not UTF-8 never show as text
+    that other bytes could also have produced."""
+    if data is None:
+        return {name: None}
+    try:
+        return {name: data.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {f"{name}_base64": base64.b64encode(data).decode("ascii")}
 
 
 # -- produce ---------------------------------------------------------------------------------------
@@ -142,20 +177,206 @@ def producer_properties(items: list[str] | None, own_options: dict[str, str] | N
     return out
 
 
-async def read_lines(stream: BinaryIO, chunk_bytes: int = 1 << 16) -> AsyncIterator[list[bytes]]:
-    """Lines of ``stream`` (without their newline) in chunks, read off the event loop."""
-    carry = b""
-    while True:
-        read1 = getattr(stream, "read1", stream.read)
-        chunk = await asyncio.to_thread(read1, chunk_bytes)
-        if not chunk:
-            break
-        parts = (carry + chunk).split(b"\n")
-        carry = parts.pop()
-        if parts:
-            yield parts
-    if carry:
-        yield [carry]
+@dataclass(frozen=True, slots=True)
+class LongLine:
+    """A stdin line longer than any record can be: only its first bytes were kept, and its length."""
+
+    head: bytes
+    size: int
+
+
+_STOP = object()
+
+
+class LineReader:
+    """Lines of a binary stream (without their newline), read by a daemon thread.
+
+    The thread reads the file descriptor with ``os.read`` (a stream without one: its ``read1``) a chunk at a
+    time, at most ``read_ahead`` chunks ahead of the consumer, and hands each chunk to the event loop. A
+    daemon thread blocked in a read (a terminal, a pipe whose writer stays open) never holds up the end of
+    the process, as a read in the loop's executor does (``asyncio.run`` waits for its threads), and it holds
+    no lock of ``sys.stdin``. Lines are assembled in linear time (pieces joined once per line); a line longer
+    than ``max_line_bytes`` is not kept past that: it comes out as a ``LongLine``."""
+
+    def __init__(self, stream: BinaryIO, max_line_bytes: int, *, chunk_bytes: int = 1 << 16,
+                 read_ahead: int = 4) -> None:
+        self._stream = stream
+        self._max = max_line_bytes
+        self._chunk_bytes = chunk_bytes
+        self._room = threading.Semaphore(read_ahead)
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._parts: list[bytes] = []  # the pieces of the line being read
+        self._partial_bytes = 0
+        self._long: LongLine | None = None  # the line being read, once it is too long to keep
+        self._done = False
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        threading.Thread(target=self._pump, name="stdin-reader", daemon=True).start()
+
+    def _pump(self) -> None:
+        read: Callable[[int], bytes]
+        try:
+            read = functools.partial(os.read, self._stream.fileno())
+        except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both
+            read = getattr(self._stream, "read1", self._stream.read)
+        while True:
+            self._room.acquire()
+            try:
+                chunk: Any = read(self._chunk_bytes)
+            except Exception as exc:  # EIO and the like: raised in the loop, where it is reported
+                chunk = exc
+            if not self._post(chunk) or not isinstance(chunk, bytes) or not chunk:
+                return
+
+    def _post(self, item: Any) -> bool:
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody reads any more
+            return False
+        return True
+
+    def stop(self) -> None:
+        """No more lines: ``next_lines`` returns None from now on, at once (the thread may stay blocked in a
+        read; it is a daemon and ends with the process)."""
+        if not self._done:
+            self._done = True
+            self._queue.put_nowait(_STOP)
+
+    async def next_lines(self) -> list[bytes | LongLine] | None:
+        """The next lines read (at least one), or None at the end of the stream or after ``stop``."""
+        while not self._done:
+            item = await self._queue.get()
+            if item is _STOP:
+                break
+            self._room.release()
+            if isinstance(item, BaseException):
+                raise item
+            if not item:  # the end of the stream: a last line without its newline is still a line
+                self._done = True
+                last = self._end_line(b"") if self._parts or self._long is not None else None
+                return None if last is None else [last]
+            pieces = item.split(b"\n")
+            rest = pieces.pop()
+            lines = [self._end_line(piece) for piece in pieces]
+            self._add(rest)
+            if lines:
+                return lines
+        return None
+
+    def unread_lines(self) -> int:
+        """Lines read from the stream and not handed out by ``next_lines`` (a partly read one included)."""
+        count = 0
+        tail = bool(self._parts) or self._long is not None
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if isinstance(item, bytes) and item:
+                newlines = item.count(b"\n")
+                count += newlines
+                tail = not item.endswith(b"\n") if newlines else True
+        return count + (1 if tail else 0)
+
+    def _add(self, piece: bytes) -> None:
+        """Append a piece to the line being read; past ``max_line_bytes``, only count its bytes."""
+        if self._long is not None:
+            self._long = LongLine(self._long.head, self._long.size + len(piece))
+            return
+        if not piece:
+            return
+        self._parts.append(piece)
+        self._partial_bytes += len(piece)
+        if self._partial_bytes > self._max:
+            head = self._parts[0] if len(self._parts[0]) >= LONG_LINE_HEAD_BYTES else b"".join(self._parts)
+            self._long = LongLine(head[:LONG_LINE_HEAD_BYTES], self._partial_bytes)
+            self._parts = []
+            self._partial_bytes = 0
+
+    def _end_line(self, piece: bytes) -> bytes | LongLine:
+        """The line that ``piece`` (what comes before a newline) ends."""
+        if self._parts or self._long is not None:
+            self._add(piece)
+            if self._long is not None:
+                done, self._long = self._long, None
+                return done
+            piece = b"".join(self._parts)
+            self._parts = []
+            self._partial_bytes = 0
+        if len(piece) > self._max:
+            return LongLine(piece[:LONG_LINE_HEAD_BYTES], len(piece))
+        return piece
+
+
+class ReportOutput:
+    """Delivery reports on stdout; the first broken pipe (the reader went away: ``| head -1``) calls
+    ``on_broken`` and makes every later write a no-op, instead of a traceback per record."""
+
+    def __init__(self, out: TextIO, on_broken: Callable[[], None]) -> None:
+        self._out = out
+        self._on_broken = on_broken
+        self.broken = False
+
+    def write(self, text: str) -> None:
+        if self.broken:
+            return
+        try:
+            self._out.write(text)
+        except BrokenPipeError:
+            self._broke()
+
+    def flush(self) -> None:
+        if self.broken:
+            return
+        try:
+            self._out.flush()
+        except BrokenPipeError:
+            self._broke()
+
+    def _broke(self) -> None:
+        self.broken = True
+        quiet_broken_stdout()
+        self._on_broken()
+
+
+class _Stopped(Exception):
+    """What ``_unless`` raises when its event was set first."""
+
+
+async def _unless(aw: Awaitable[_T], event: asyncio.Event) -> _T:
+    """``aw``'s result, unless ``event`` is set first: then ``aw`` is cancelled and _Stopped raised."""
+    if event.is_set():
+        if asyncio.iscoroutine(aw):
+            aw.close()
+        raise _Stopped
+    task = asyncio.ensure_future(aw)
+    stopper = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        raise _Stopped
+    return task.result()
+
+
+def _handle_sigint(callback: Callable[[], None]) -> Callable[[], None]:
+    """Call ``callback`` on each SIGINT (instead of asyncio.run's cancel of the main task) until the returned
+    function is called. Not in the main thread, or not on Unix: nothing is installed."""
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGINT, callback)
+    except (NotImplementedError, RuntimeError, ValueError):
+        return lambda: None
+
+    def restore() -> None:
+        loop.remove_signal_handler(signal.SIGINT)
+
+    return restore
 
 
 class NoKeySeparatorError(ValueError):
@@ -174,7 +395,8 @@ def split_key(line: bytes, separator: bytes | None) -> tuple[bytes | None, bytes
 
 
 async def produce_main(args: argparse.Namespace, stdin: BinaryIO, out: TextIO) -> int:
-    from client.errors import ErrorCode, MinibrokerError, error_name
+    from client.accumulator import RECORD_OVERHEAD_BYTES
+    from client.errors import ErrorCode, MinibrokerError, error_for, error_name, is_definite_failure
     from client.producer import DeliveryFuture, Producer, ProducerConfig, parse_acks
 
     RECORD_ERRORS = {ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.RECORD_LIST_TOO_LARGE}
@@ -188,16 +410,47 @@ async def produce_main(args: argparse.Namespace, stdin: BinaryIO, out: TextIO) -
     if args.key_separator == "":
         raise CliError("--key-separator must not be empty")
     separator = args.key_separator.encode() if args.key_separator is not None else None
-    counts = {"sent": 0, "acked": 0, "failed": 0}
+    counts = {"sent": 0, "acked": 0, "failed": 0, "maybe_written": 0}
     first_error: list[str] = []
+    producer = Producer(bootstrap_of(args), config)
+    # a longer line makes a record larger than the producer takes, whatever its key separator and "\r"; a
+    # shorter one is the producer's to judge (a line is kept whole up to at least LONG_LINE_HEAD_BYTES)
+    max_line = max(producer.max_record_size - RECORD_OVERHEAD_BYTES + len(separator or b"") + 1,
+                   LONG_LINE_HEAD_BYTES)
+    reader = LineReader(stdin, max_line)
+    stopping = asyncio.Event()  # the first Ctrl-C, or stdout's reader gone: read no more
+    stop_waiting = asyncio.Event()  # the second Ctrl-C: stop waiting for the records sent
 
-    def failed(line_no: int, value: bytes, exc: BaseException) -> None:
+    def stop() -> None:
+        stopping.set()
+        reader.stop()
+
+    output = ReportOutput(out, stop)
+    interrupts = 0
+
+    def on_sigint() -> None:
+        nonlocal interrupts
+        interrupts += 1
+        stop()
+        if interrupts > 1:
+            stop_waiting.set()
+
+    def failed(line_no: int, value: bytes, exc: BaseException, *, sent: bool = True,
+               line_bytes: int | None = None) -> None:
+        """``sent``: False for a line refused before it reached the producer's sender (no key separator, too
+        large): never written. Else the error says whether it may have been (a timeout, a lost answer)."""
         counts["failed"] += 1
+        maybe = sent and not is_definite_failure(exc)
+        counts["maybe_written"] += maybe
         name = "NO_KEY_SEPARATOR" if isinstance(exc, NoKeySeparatorError) else error_name(exc)
         if not first_error:
             first_error.append(f"line {line_no}: {name}: {exc}")
         if args.delivery_report:
-            out.write(json.dumps({"line": line_no, "value": text_of(value), "error": name}) + "\n")
+            doc: dict[str, Any] = {"line": line_no, **data_fields("value", value), "error": name,
+                                   "maybe_written": maybe}
+            if line_bytes is not None:
+                doc["line_bytes"] = line_bytes
+            output.write(json.dumps(doc) + "\n")
 
     def report(line_no: int, value: bytes, fut: DeliveryFuture) -> None:
         exc = fut.exception()
@@ -207,48 +460,105 @@ async def produce_main(args: argparse.Namespace, stdin: BinaryIO, out: TextIO) -
         counts["acked"] += 1
         meta = fut.result()
         if args.delivery_report:
-            out.write(json.dumps({"line": line_no, "value": text_of(value), "partition": meta.partition,
-                                  "offset": meta.offset}) + "\n")
+            output.write(json.dumps({"line": line_no, **data_fields("value", value), "partition": meta.partition,
+                                     "offset": meta.offset}) + "\n")
 
-    producer = Producer(bootstrap_of(args), config)
-    progress = asyncio.create_task(report_progress(counts, args.progress_interval_ms))
-    try:
-        await producer.start()
-        await producer.partitions_for(args.topic)
+    async def pump() -> int:
+        """Send stdin's lines until its end or ``stopping``; returns how many lines read were not sent."""
+        parts = await _unless(producer.partitions_for(args.topic), stopping)
+        if args.partition is not None and args.partition not in parts:
+            raise CliError(f"topic {args.topic!r} has no partition {args.partition} "
+                           f"(partitions 0..{len(parts) - 1})")
+        reader.start()
         line_no = 0
-        async for lines in read_lines(stdin):
-            for line in lines:
+        while (lines := await reader.next_lines()) is not None:
+            for i, item in enumerate(lines):
+                if stopping.is_set():
+                    return len(lines) - i
                 line_no += 1
-                try:
-                    key, value = split_key(line, separator)
-                except NoKeySeparatorError as exc:  # this line alone fails, as an oversized one does
+                if isinstance(item, LongLine):  # as an oversized record: this line alone fails
                     counts["sent"] += 1
-                    failed(line_no, line.removesuffix(b"\r"), exc)
+                    too_large = error_for(ErrorCode.MESSAGE_TOO_LARGE, f"a {item.size}-byte line makes a "
+                                          f"record larger than {producer.record_limit}")
+                    failed(line_no, item.head, too_large, sent=False, line_bytes=item.size)
                     continue
                 try:
-                    fut = await producer.send(args.topic, value, key=key, partition=args.partition)
+                    key, value = split_key(item, separator)
+                except NoKeySeparatorError as exc:  # this line alone fails, as an oversized one does
+                    counts["sent"] += 1
+                    failed(line_no, item.removesuffix(b"\r"), exc, sent=False)
+                    continue
+                try:
+                    fut = producer.send_nowait(args.topic, value, key=key, partition=args.partition)
+                    while fut is None:  # metadata or buffer.memory: wait, unless interrupted
+                        try:
+                            await _unless(producer.wait_for_room(args.topic), stopping)
+                        except _Stopped:
+                            return len(lines) - i
+                        fut = producer.send_nowait(args.topic, value, key=key, partition=args.partition)
                 except MinibrokerError as exc:
                     if exc.code not in RECORD_ERRORS:
                         raise
                     # this record alone is refused (too large): report it and go on with the next line, as
                     # Kafka's console producer does (its send hands the error to the record's callback)
                     counts["sent"] += 1
-                    failed(line_no, value, exc)
+                    failed(line_no, value, exc, sent=False)
                     continue
                 fut.add_done_callback(functools.partial(report, line_no, value))
                 counts["sent"] += 1
-        await producer.flush()
+                if fut.index == 0:
+                    await asyncio.sleep(0)  # a batch was opened: let the sender run
+        return 0
+
+    async def settle() -> None:
+        """Wait for the records sent: all of them; after a Ctrl-C (or a broken stdout) at most
+        INTERRUPT_WAIT_MS, and not after a second Ctrl-C."""
+        with contextlib.suppress(_Stopped):
+            if not stopping.is_set():
+                await _unless(producer.flush(), stopping)
+                return
+        outstanding = counts["sent"] - counts["acked"] - counts["failed"]
+        if interrupts and outstanding and not stop_waiting.is_set():
+            print(f"minibroker: interrupted: waiting up to {INTERRUPT_WAIT_MS // 1000} s for {outstanding} "
+                  f"record{'s' if outstanding != 1 else ''} sent (Ctrl-C again to stop waiting)",
+                  file=sys.stderr, flush=True)
+        if not stop_waiting.is_set():
+            with contextlib.suppress(_Stopped, TimeoutError):
+                await _unless(asyncio.wait_for(producer.flush(), INTERRUPT_WAIT_MS / 1000), stop_waiting)
+
+    unsent = 0
+    restore_sigint = _handle_sigint(on_sigint)
+    progress = asyncio.create_task(report_progress(counts, args.progress_interval_ms))
+    try:
+        await producer.start()
+        with contextlib.suppress(_Stopped):
+            unsent = await pump()
+        if stopping.is_set():
+            unsent += reader.unread_lines()
+        await settle()
         await asyncio.sleep(0)  # let the last done-callbacks run
     finally:
         progress.cancel()
-        await producer.close()
-        await asyncio.sleep(0)
-        out.flush()
-    if counts["failed"] or counts["acked"] < counts["sent"]:
-        print(f"minibroker: {counts['failed']} of {counts['sent']} records were not acknowledged"
-              + (f" (first error: {first_error[0]})" if first_error else ""), file=sys.stderr)
-        return 1
-    return 0
+        try:
+            # after a stop, records still unanswered fail now (their reports say whether they may be written)
+            await producer.close(timeout_ms=0 if stopping.is_set() else None)
+            await asyncio.sleep(0)
+            output.flush()
+        finally:
+            restore_sigint()
+    if output.broken:  # `| head`: stop quietly, as consume does
+        return 0
+    not_acked = counts["sent"] - counts["acked"]
+    if not_acked:
+        maybe = counts["maybe_written"] + (not_acked - counts["failed"])  # (none unanswered after close)
+        print(f"minibroker: {not_acked} of {counts['sent']} records were not acknowledged "
+              f"({not_acked - maybe} not written, {maybe} maybe written"
+              + (f"; first error: {first_error[0]})" if first_error else ")"), file=sys.stderr)
+    if interrupts:
+        print(f"minibroker: interrupted: {unsent} line{'s' if unsent != 1 else ''} read from stdin "
+              f"{'was' if unsent == 1 else 'were'} not sent", file=sys.stderr)
+        return 130
+    return 1 if not_acked else 0
 
 
 async def report_progress(counts: dict[str, int], interval_ms: int) -> None:
@@ -271,11 +581,13 @@ def cmd_produce(args: argparse.Namespace) -> int:
 
 def format_record(rec: Any, fmt: str, print_key: bool = False, key_separator: str = "\t") -> str:
     if fmt == "json":
-        return json.dumps({"partition": rec.partition, "offset": rec.offset, "key": text_of(rec.key),
-                           "value": text_of(rec.value), "timestamp": rec.timestamp})
-    value = text_of(rec.value) or ""
+        return json.dumps({"partition": rec.partition, "offset": rec.offset, **data_fields("key", rec.key),
+                           **data_fields("value", rec.value), "timestamp": rec.timestamp})
+    # a null key or value prints as null, as Kafka's console consumer does
+    value = "null" if rec.value is None else rec.value.decode("utf-8", "backslashreplace")
     if print_key:
-        return f"{text_of(rec.key) or ''}{key_separator}{value}"
+        key = "null" if rec.key is None else rec.key.decode("utf-8", "backslashreplace")
+        return f"{key}{key_separator}{value}"
     return value
 
 
@@ -290,10 +602,13 @@ async def consume_main(args: argparse.Namespace, out: TextIO) -> int:
                                                            fetch_max_wait_ms=args.fetch_max_wait_ms))
     count = 0
     try:
+        unknown_after_ms = min(UNKNOWN_TOPIC_GRACE_MS, args.metadata_timeout_ms)
         if args.partition is None:
-            tps = await consumer.assign_topic(args.topic, timeout_ms=args.metadata_timeout_ms)
+            tps = await consumer.assign_topic(args.topic, timeout_ms=args.metadata_timeout_ms,
+                                              unknown_after_ms=unknown_after_ms)
         else:
-            parts = await consumer.metadata.wait_for_topic(args.topic, args.metadata_timeout_ms)
+            parts = await consumer.metadata.wait_for_topic(args.topic, args.metadata_timeout_ms,
+                                                           unknown_after_ms=unknown_after_ms)
             if args.partition not in parts:
                 raise CliError(f"topic {args.topic!r} has no partition {args.partition} "
                                f"(partitions 0..{len(parts) - 1})")
@@ -321,12 +636,20 @@ async def consume_main(args: argparse.Namespace, out: TextIO) -> int:
             out.flush()
             count += len(records)
         leaderless = [tp for tp in tps if consumer.metadata.current.leader_address(tp) is None]
+        # a leader that metadata names but that did not answer (killed, before the controller noticed) or
+        # answered an error: what the consumer's last fetch from it said
+        errors = consumer.fetch_errors()
+        unreachable = [(tp, errors[tp]) for tp in tps if tp in errors and tp not in leaderless]
     finally:
         await consumer.close()
     if leaderless:  # Kafka's consumer warns LEADER_NOT_AVAILABLE in its log; say it where it is seen
         print(f"warning: no leader for partition{'s' if len(leaderless) > 1 else ''} "
               f"{', '.join(f'{tp.topic}-{tp.partition}' for tp in leaderless)}: records there could not be read",
               file=sys.stderr)
+    if unreachable:
+        print(f"warning: could not fetch from the leader of partition{'s' if len(unreachable) > 1 else ''} "
+              f"{', '.join(f'{tp.topic}-{tp.partition} ({error})' for tp, error in unreachable)}: "
+              "records there could not be read", file=sys.stderr)
     print(f"consumed {count} messages", file=sys.stderr)
     return 0
 
@@ -360,7 +683,14 @@ def cmd_consume(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("produce", help="produce one record per stdin line",
                        description="Produce one record per line of stdin. Exit status 0 only when every "
-                                   "record was acknowledged.")
+                                   "record was acknowledged, 1 when some were not (the summary on stderr counts "
+                                   "those not written and those maybe written), 2 for a bad argument (a "
+                                   "partition the topic does not have). Ctrl-C stops reading stdin at once, waits "
+                                   f"up to {INTERRUPT_WAIT_MS // 1000} s for the records already sent (a second "
+                                   "Ctrl-C stops waiting: those still unanswered fail, as PRODUCER_CLOSED), prints "
+                                   "their delivery reports, says on stderr how many lines read were not sent, and "
+                                   "exits with status 130. When stdout's reader goes away (| head), produce stops "
+                                   "reading and ends quietly, as consume does.")
     p.add_argument("topic", metavar="TOPIC", help="topic to produce to")
     add_bootstrap(p)
     p.add_argument("--acks", default="all", choices=["all", "-1", "1", "0"], help="default all")
@@ -371,7 +701,13 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
                         "and is reported as failed (NO_KEY_SEPARATOR)")
     p.add_argument("--delivery-report", action="store_true",
                    help='one JSON line per record as it is acknowledged or fails: {"line","value","partition",'
-                        '"offset"} or {"line","value","error"}, line being its 1-based line number on stdin')
+                        '"offset"} or {"line","value","error","maybe_written"}, line being its 1-based line number '
+                        'on stdin. maybe_written false: the record was certainly not written (refused before it '
+                        'was sent, or refused by the leader before appending); true: it may have been written '
+                        '(a timeout, a lost connection or answer, NOT_ENOUGH_REPLICAS_AFTER_APPEND), so a consumer '
+                        'may still see it. A value that is not UTF-8 is given as base64 in "value_base64" '
+                        'instead of "value". A line too long to be a record is not kept: its report has its '
+                        f'first {LONG_LINE_HEAD_BYTES} bytes as value and its length in "line_bytes"')
     p.add_argument("--linger-ms", type=non_negative("--linger-ms"), default=5, help="linger.ms (default 5)")
     p.add_argument("--batch-size", type=positive("--batch-size"), default=16_384,
                    help="batch.size in bytes (default 16384)")
@@ -396,7 +732,9 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     p.set_defaults(func=cmd_produce)
 
     c = sub.add_parser("consume", help="print records of a topic",
-                       description="Print records; stops after --max-messages or --timeout-ms without new data.")
+                       description="Print records; stops after --max-messages or --timeout-ms without new data. "
+                                   "At the end, a warning on stderr names the partitions that could not be read "
+                                   "(no leader, or a leader that did not answer).")
     c.add_argument("topic", metavar="TOPIC", help="topic to consume")
     add_bootstrap(c)
     c.add_argument("--partition", "-p", type=non_negative("--partition"), default=None,
@@ -412,10 +750,15 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     c.add_argument("--timeout-ms", type=positive("--timeout-ms"), default=None,
                    help="stop after this long without new data (default: never)")
     c.add_argument("--format", choices=["text", "json"], default="text",
-                   help='text: the value; json: {"partition","offset","key","value","timestamp"} per line')
-    c.add_argument("--print-key", action="store_true", help="text format: key<TAB>value")
+                   help='text: the value (null for a null value; bytes that are not UTF-8 as \\xNN escapes); '
+                        'json: {"partition","offset","key","value","timestamp"} per line, a null key or value as '
+                        'null, and a key or value that is not UTF-8 as base64 in "key_base64" / "value_base64" '
+                        'instead of "key" / "value"')
+    c.add_argument("--print-key", action="store_true", help="text format: key<TAB>value (null for a null key)")
     c.add_argument("--fetch-max-wait-ms", type=non_negative("--fetch-max-wait-ms"), default=500,
                    help="fetch.max.wait.ms (default 500)")
     c.add_argument("--metadata-timeout-ms", type=positive("--metadata-timeout-ms"), default=10_000,
-                   help="how long to wait for the topic and its partition leaders (default 10000)")
+                   help="how long to wait for the topic and its partition leaders (default 10000); a topic the "
+                        f"brokers keep saying does not exist for {UNKNOWN_TOPIC_GRACE_MS} ms is reported then "
+                        "(UNKNOWN_TOPIC_OR_PARTITION)")
     c.set_defaults(func=cmd_consume)

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from client.errors import CorruptRecordError, NoBrokersAvailableError
@@ -111,6 +111,7 @@ class _FetchResult:
     response: dict[str, Any] | None
     error: str | None = None
     fatal: BaseException | None = None  # raised from poll after bookkeeping
+    failed: dict[TopicPartition, str] = field(default_factory=dict)  # a reset's partitions without an offset
 
 
 def decode_fetched(tp: TopicPartition, data: bytes, high_watermark: int,
@@ -162,6 +163,7 @@ class Consumer:
         self._fetching: set[TopicPartition] = set()
         self._backoff_until: dict[TopicPartition, int] = {}
         self._reported_unknown: set[TopicPartition] = set()
+        self._fetch_errors: dict[TopicPartition, str] = {}  # see fetch_errors
         self._reset_wanted: list[TopicPartition] = []
         self._closed = False
 
@@ -195,9 +197,11 @@ class Consumer:
     def assignment(self) -> list[TopicPartition]:
         return self._positions.assigned()
 
-    async def assign_topic(self, topic: str, timeout_ms: int = 30_000) -> list[TopicPartition]:
-        """Assign every partition of ``topic`` (waits for the topic to exist)."""
-        parts = await self.metadata.wait_for_topic(topic, timeout_ms)
+    async def assign_topic(self, topic: str, timeout_ms: int = 30_000, *,
+                           unknown_after_ms: int | None = None) -> list[TopicPartition]:
+        """Assign every partition of ``topic`` (waits up to ``timeout_ms`` for the topic and its leaders;
+        ``unknown_after_ms``: see ``MetadataCache.wait_for_topic``)."""
+        parts = await self.metadata.wait_for_topic(topic, timeout_ms, unknown_after_ms=unknown_after_ms)
         tps = [TopicPartition(topic, p) for p in parts]
         self.assign([*self.assignment(), *tps])
         return tps
@@ -242,6 +246,14 @@ class Consumer:
 
     async def beginning_offsets(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
         return await self.list_offsets(tps, EARLIEST_TIMESTAMP)
+
+    def fetch_errors(self) -> dict[TopicPartition, str]:
+        """Assigned partitions whose last fetch (or offset lookup) from their leader failed, with that error
+        (the leader did not answer, or answered an error code): their records could not be read since. A
+        partition leaves this map when a fetch from its leader succeeds. Partitions that have no leader in
+        the metadata are never fetched from, so they are not here: see ``metadata.current.leader_address``."""
+        assigned = set(self._positions.assigned())
+        return {tp: error for tp, error in self._fetch_errors.items() if tp in assigned}
 
     def _drop_buffered(self, tp: TopicPartition) -> None:
         self._buffer = deque(r for r in self._buffer if (r.topic, r.partition) != tp)
@@ -341,20 +353,25 @@ class Consumer:
                 assert leader is not None
                 by_leader.setdefault(leader[1], []).append(tp)
             found: dict[TopicPartition, int] = {}
+            failed: dict[TopicPartition, str] = {}
             try:
-                for part, _err in await asyncio.gather(*(self._list_offsets_at(a, ps, ts)
-                                                         for a, ps in by_leader.items())):
-                    found.update(part)
+                answers = await asyncio.gather(*(self._list_offsets_at(a, ps, ts) for a, ps in by_leader.items()))
             except MinibrokerError as exc:
                 return _FetchResult("__reset__", {}, None, str(exc), exc)
+            for (address, ps), (part, err) in zip(by_leader.items(), answers, strict=True):
+                found.update(part)
+                failed.update((tp, err or f"list_offsets to {address}: no offset") for tp in ps if tp not in part)
             missing = [tp for tp in known if tp not in found]
-            return _FetchResult("__reset__", found, None, f"no offset for {missing}" if missing else None)
+            return _FetchResult("__reset__", found, None, f"no offset for {missing}" if missing else None,
+                                failed=failed)
 
         self._reset_wanted = known
         self._in_flight["__reset__"] = asyncio.create_task(reset())
 
     def _apply_reset(self, result: _FetchResult) -> None:
+        self._fetch_errors.update(result.failed)
         for tp, offset in result.offsets.items():
+            self._fetch_errors.pop(tp, None)
             if tp in self._positions.needs_reset():
                 self._positions.seek(tp, offset)
                 self._drop_buffered(tp)
@@ -415,11 +432,14 @@ class Consumer:
             return
         if result.response is None:
             log.info("consumer_fetch_failed", broker=result.address, error=result.error)
+            error = result.error or f"fetch to {result.address} failed"
+            self._fetch_errors.update(dict.fromkeys(result.offsets, error))
             self._backoff(result.offsets)
             self._spawn_refresh()
             return
         top = ErrorCode.of(int(result.response.get("error", 0)))
         if top is not ErrorCode.NONE:
+            self._fetch_errors.update(dict.fromkeys(result.offsets, f"fetch to {result.address}: {top.name}"))
             self._backoff(result.offsets)
             self._spawn_refresh()
             return
@@ -432,6 +452,7 @@ class Consumer:
     def _handle_partition(self, tp: TopicPartition, fetch_offset: int, p: dict[str, Any]) -> None:
         code = ErrorCode.of(int(p.get("error", 0)))
         if code is ErrorCode.NONE:
+            self._fetch_errors.pop(tp, None)
             hw = int(p.get("high_watermark", -1))
             self._positions.set_high_watermark(tp, hw)
             records, next_offset, corrupt = decode_fetched(tp, p.get("records") or b"", hw)
@@ -449,6 +470,7 @@ class Consumer:
             return
         log.info("consumer_fetch_partition_error", topic=tp.topic, partition=tp.partition, error=code.name,
                  offset=fetch_offset)
+        self._fetch_errors[tp] = code.name
         self._backoff([tp])
         if code in _REFRESH_ON or code.retriable:
             self._spawn_refresh()

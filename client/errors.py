@@ -95,7 +95,8 @@ def is_definite_failure(exc: BaseException) -> bool:
 
 
 def error_name(exc: BaseException) -> str:
-    """The short name used in delivery reports: the wire code's name, else the class name."""
+    """The short name used in delivery reports: the wire code's name, a name in the same style for the
+    client-side conditions, else the class name."""
     if isinstance(exc, DeliveryTimeoutError):
         return "DELIVERY_TIMEOUT"
     if isinstance(exc, BufferExhaustedError):
@@ -106,6 +107,8 @@ def error_name(exc: BaseException) -> str:
         return "PRODUCER_ID_UNAVAILABLE"
     if isinstance(exc, UnsupportedVersionError):
         return "UNSUPPORTED_VERSION"
+    if isinstance(exc, ProducerClosedError):
+        return "PRODUCER_CLOSED"
     if isinstance(exc, MinibrokerError) and not isinstance(exc, ClientError):
         return exc.code.name
     return type(exc).__name__

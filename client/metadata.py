@@ -224,11 +224,20 @@ class MetadataCache:
         self._last_refresh_ms = self._clock.monotonic_ms()
         raise NoBrokersAvailableError("no broker answered metadata: " + "; ".join(errors[-3:]))
 
-    async def wait_for_topic(self, topic: str, timeout_ms: int, *, leaders: bool = True) -> list[int]:
+    async def wait_for_topic(self, topic: str, timeout_ms: int, *, leaders: bool = True,
+                             unknown_after_ms: int | None = None) -> list[int]:
         """Partitions of ``topic`` once every one has a leader (with ``leaders=False``: once the topic is
-        known); the partitions known at the timeout, else the topic's error."""
+        known); the partitions known at the timeout, else the topic's error.
+
+        ``unknown_after_ms``: give up before the timeout when the brokers keep answering that the topic does
+        not exist (UNKNOWN_TOPIC_OR_PARTITION, no partitions) for this long, counted from the first such
+        answer. Not at the first answer: a topic the controller has just created reaches the brokers a moment
+        later (UpdateMetadata is sent after the create is answered). None: wait for the whole timeout."""
+        from common.errors import error_for
+
         self.add_topics([topic])
         deadline = self._clock.monotonic_ms() + timeout_ms
+        unknown_since: int | None = None
         while True:
             try:
                 md = await self.refresh(force=True)
@@ -240,12 +249,21 @@ class MetadataCache:
             parts = md.partitions_for(topic)
             if parts and (not leaders or all(md.leader_address(TopicPartition(topic, p)) for p in parts)):
                 return parts
-            if self._clock.monotonic_ms() >= deadline:
+            now = self._clock.monotonic_ms()
+            unknown = not parts and md.topic_errors.get(topic) == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            if not unknown:
+                unknown_since = None
+            else:
+                if unknown_since is None:
+                    unknown_since = now
+                if unknown_after_ms is not None and now - unknown_since >= unknown_after_ms:
+                    raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                    f"UNKNOWN_TOPIC_OR_PARTITION: topic {topic!r} does not exist")
+            if now >= deadline:
                 if parts:
                     return parts
                 code = ErrorCode.of(md.topic_errors.get(topic, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
                 if code is ErrorCode.NONE:
                     code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-                from common.errors import error_for
                 raise error_for(code, f"{code.name}: topic {topic!r}")
             await asyncio.sleep(self._retry_backoff_ms / 1000)

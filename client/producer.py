@@ -62,6 +62,7 @@ from client.metadata import MetadataCache, check_topic, parse_bootstrap
 from client.partitioner import StickyPartitioner
 from common.clock import Clock, SystemClock
 from common.config import ConfigError
+from common.config import parse_bool as parse_config_bool
 from common.errors import ErrorCode, MinibrokerError, error_for
 from common.http import RpcBadRequest, RpcClient, RpcConnectionError, RpcError
 from common.logging import get_logger
@@ -102,13 +103,9 @@ _REFRESH_ON = frozenset({ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOP
 
 
 def parse_bool(name: str, value: object) -> bool:
-    """``true``/``false`` (any case) or a bool, as Kafka's boolean settings; ValueError naming ``name``."""
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "false"):
-        return text == "true"
-    raise ValueError(f"{name} must be true or false, got {value!r}")
+    """``true``/``false`` (any case) or a bool, as Kafka's boolean settings; ConfigError (a ValueError) naming
+    ``name`` otherwise. The same parser as topic and broker configs (``common.config.parse_bool``)."""
+    return parse_config_bool(name, value)
 
 
 def parse_acks(value: str | int) -> int:
@@ -255,6 +252,8 @@ class Producer:
         self._tps: dict[str, list[TopicPartition]] = {}  # cached TopicPartition values per topic
         self._max_request_size = config.max_request_size
         self._buffer_memory = config.buffer_memory
+        # a record larger than either can never be sent (Kafka's ensureValidRecordSize: RecordTooLargeException)
+        self._max_record_size = min(config.max_request_size, config.buffer_memory)
         self._now_ms = self._clock.now_ms
         self._monotonic_ms = self._clock.monotonic_ms
         self._system_clock = type(self._clock) is SystemClock
@@ -304,9 +303,8 @@ class Producer:
         if timestamp_ms is not None and (type(timestamp_ms) is not int or not 0 <= timestamp_ms <= MAX_TIMESTAMP_MS):
             _check_timestamp(timestamp_ms)
         size = RECORD_OVERHEAD_BYTES + (len(key) if key else 0) + (len(value) if value else 0)
-        if size > self._max_request_size:
-            raise error_for(ErrorCode.MESSAGE_TOO_LARGE,
-                            f"a {size}-byte record is larger than max.request.size={self._max_request_size}")
+        if size > self._max_record_size:
+            raise self.record_too_large(size)
         try:
             num_partitions = self.metadata.current.partition_counts.get(topic)
         except TypeError:  # unhashable
@@ -358,22 +356,47 @@ class Producer:
         fut.index = index
         return fut
 
+    def record_too_large(self, size: int) -> MinibrokerError:
+        """The MESSAGE_TOO_LARGE error ``send`` raises for a ``size``-byte record (key, value and the
+        per-record overhead) larger than ``max.request.size`` or than the whole ``buffer.memory`` (Kafka's
+        RecordTooLargeException)."""
+        return error_for(ErrorCode.MESSAGE_TOO_LARGE, f"a {size}-byte record is larger than {self.record_limit}")
+
+    @property
+    def record_limit(self) -> str:
+        """The setting that bounds a record's size, with its value: ``max.request.size=1048576``."""
+        if self._max_request_size <= self._buffer_memory:
+            return f"max.request.size={self._max_request_size}"
+        return f"the whole buffer.memory={self._buffer_memory}"
+
+    @property
+    def max_record_size(self) -> int:
+        """The largest record (key, value and ``RECORD_OVERHEAD_BYTES``) ``send`` accepts."""
+        return self._max_record_size
+
     async def send(self, topic: str, value: bytes | None, *, key: bytes | None = None,
                    partition: int | None = None, timestamp_ms: int | None = None) -> DeliveryFuture:
         """Queue one record; returns its DeliveryFuture. Waits up to ``max.block.ms`` for the topic's
         metadata and for room in ``buffer.memory``. Raises for an unknown topic or partition."""
         fut = self.send_nowait(topic, value, key=key, partition=partition, timestamp_ms=timestamp_ms)
         while fut is None:
-            if self._sender is None:
-                await self.start()
-            await self._num_partitions(topic)
-            await self._wait_for_space()
+            await self.wait_for_room(topic)
             fut = self.send_nowait(topic, value, key=key, partition=partition, timestamp_ms=timestamp_ms)
         if fut.index == 0:
             # a batch was opened (the previous one is full or sent): let the sender and answers run, as
             # Kafka's sender thread would meanwhile
             await asyncio.sleep(0)
         return fut
+
+    async def wait_for_room(self, topic: str) -> None:
+        """Wait until ``send_nowait`` can take a record for ``topic``: its metadata known and room in
+        ``buffer.memory`` (each wait up to ``max.block.ms``, then the error ``send`` raises). Queues nothing,
+        so it can be cancelled at any point without losing a record (``send`` cannot be: cancelled after it
+        queued the record, it loses the record's future)."""
+        if self._sender is None:
+            await self.start()
+        await self._num_partitions(topic)
+        await self._wait_for_space()
 
     async def _wait_for_space(self) -> None:
         """Until ``buffer.memory`` has room; BufferExhaustedError after ``max.block.ms`` (as Kafka)."""
@@ -421,11 +444,18 @@ class Producer:
         finally:
             self._acc.flushing = False
 
-    async def close(self) -> None:
+    async def close(self, timeout_ms: float | None = None) -> None:
+        """Flush, then stop. With ``timeout_ms`` (Kafka's ``close(Duration)``), wait at most that long for the
+        records sent so far (0: not at all); the records still unanswered then fail with ProducerClosedError,
+        as maybe written when a request carrying them was sent (``client.errors.is_definite_failure``)."""
         if self._closed:
             return
         try:
-            await self.flush()
+            if timeout_ms is None:
+                await self.flush()
+            elif timeout_ms > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.flush(), timeout_ms / 1000)
         finally:
             self._closed = True
             self._wake.set()
@@ -673,6 +703,10 @@ class Producer:
                     self._retry_or_fail(batches, ErrorCode.NETWORK_EXCEPTION, str(exc))
                 return
             self._handle_response(resp, drained)
+        except asyncio.CancelledError:  # close() gave up waiting: the request may have been appended
+            for batches in drained.values():
+                self._fail(batches, ProducerClosedError("producer closed before the answer came"), definite=False)
+            raise
         except Exception as exc:  # never let a sender task die with batches unresolved
             log.exception("producer_send_failed", broker=address)
             for batches in drained.values():

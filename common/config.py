@@ -110,19 +110,24 @@ class ConfigError(ValueError):
     """A bad key or value; the message says which and why."""
 
 
+def parse_bool(key: str, raw: object) -> bool:
+    """A boolean setting as Kafka reads one: a bool, or ``true`` / ``false`` in any case (surrounding blanks
+    ignored), nothing else (not ``1``, ``yes`` or ``on``); ``ConfigError`` naming ``key`` otherwise. The one
+    parser for every boolean the user sets: topic and broker configs, the producer's ``enable.idempotence``."""
+    if isinstance(raw, bool):
+        return raw
+    text = raw.strip().lower() if isinstance(raw, str) else None
+    if text in ("true", "false"):
+        return text == "true"
+    raise ConfigError(f"{key}: expected true or false, got {raw!r}")
+
+
 def parse_value(d: ConfigDef, raw: Any, key: str | None = None) -> Any:
     """``raw`` as ``d``'s type; ``ConfigError`` names ``key`` (the name the user gave, e.g. a topic's
     ``retention.ms`` for ``log.retention.ms``)."""
     key = key or d.name
     if d.type is bool:
-        if isinstance(raw, bool):
-            return raw
-        text = str(raw).strip().lower()
-        if text in ("true", "1", "yes"):
-            return True
-        if text in ("false", "0", "no"):
-            return False
-        raise ConfigError(f"{key}: expected true or false, got {raw!r}")
+        return parse_bool(key, raw)
     if d.type is int:
         if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):  # 1.5, inf, nan
             raise ConfigError(f"{key}: expected an integer, got {raw!r}")

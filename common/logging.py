@@ -2,7 +2,9 @@
 
 JSON lines when stderr is not a TTY (files, pipes, containers), readable
 console output on a TTY. Every process calls ``configure`` once with its role
-and node id, which are bound to every event it logs.
+and node id, which are bound to every event it logs. Code used as a library
+(the client, from plain Python) logs through the standard ``logging`` module
+until structlog is configured: never on stdout (see ``get_logger``).
 
 Records of the standard ``logging`` module (aiohttp's ``aiohttp.server``
 "Error handling request", asyncio, any other library) go through the same
@@ -46,7 +48,80 @@ def configure(role: str, node_id: int | str | None = None, *, level: str | None 
 
 
 def get_logger(name: str | None = None) -> Any:
-    return structlog.get_logger(name) if name else structlog.get_logger()
+    """A logger for ``name`` (a module's ``__name__``). Once structlog is configured (``configure`` in our
+    processes, or an embedding application's own ``structlog.configure``) it is structlog's, as configured.
+    Until then (the client library used from plain Python) events go to the standard ``logging`` module
+    under ``name``, as a library's should: shown by the application's handlers when it set logging up, else
+    by ``logging``'s last resort, warnings and up on stderr. Never structlog's unconfigured default, which
+    prints every event, info too, on stdout (where a program's own output goes)."""
+    return _Logger(name)
+
+
+class _Logger:
+    """Picks, at each call, structlog's configured logger or the standard-library fallback (see get_logger)."""
+
+    __slots__ = ("_fallback", "_name")
+
+    def __init__(self, name: str | None) -> None:
+        self._name = name
+        self._fallback: _StdlibLogger | None = None
+
+    def _target(self) -> Any:
+        if structlog.is_configured():
+            return structlog.get_logger(self._name) if self._name else structlog.get_logger()
+        if self._fallback is None:
+            self._fallback = _StdlibLogger(logging.getLogger(self._name or "minibroker"), {})
+        return self._fallback
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._target(), attr)
+
+
+class _StdlibLogger:
+    """structlog's logging methods over a standard-library logger: ``event key=value ...`` messages (the
+    handlers add level and time when the application set them up), tracebacks by ``logging`` itself."""
+
+    __slots__ = ("_context", "_logger")
+
+    def __init__(self, logger: logging.Logger, context: dict[str, Any]) -> None:
+        self._logger = logger
+        self._context = context
+
+    def bind(self, **kw: Any) -> _StdlibLogger:
+        return _StdlibLogger(self._logger, {**self._context, **kw})
+
+    def new(self, **kw: Any) -> _StdlibLogger:
+        return _StdlibLogger(self._logger, dict(kw))
+
+    def log(self, level: int, event: object = "", *, exc_info: Any = None, **kw: Any) -> None:
+        if not self._logger.isEnabledFor(level):
+            return
+        fields = {**self._context, **kw}
+        text = " ".join([str(event), *(f"{k}={v!r}" for k, v in fields.items())])
+        self._logger.log(level, "%s", text, exc_info=exc_info)
+
+    def debug(self, event: object = "", **kw: Any) -> None:
+        self.log(logging.DEBUG, event, **kw)
+
+    def info(self, event: object = "", **kw: Any) -> None:
+        self.log(logging.INFO, event, **kw)
+
+    def warning(self, event: object = "", **kw: Any) -> None:
+        self.log(logging.WARNING, event, **kw)
+
+    warn = warning
+
+    def error(self, event: object = "", **kw: Any) -> None:
+        self.log(logging.ERROR, event, **kw)
+
+    def critical(self, event: object = "", **kw: Any) -> None:
+        self.log(logging.CRITICAL, event, **kw)
+
+    fatal = critical
+
+    def exception(self, event: object = "", **kw: Any) -> None:
+        kw.setdefault("exc_info", True)
+        self.log(logging.ERROR, event, **kw)
 
 
 class _StderrHandler(logging.Handler):

@@ -7,7 +7,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from common.config import ConfigError, broker_config, parse_assignments, validate_topic_configs
+from common.config import ConfigError, broker_config, controller_config, parse_assignments, validate_topic_configs
 from common.errors import ErrorCode, error_for
 from common.wire import BadRequest, decode, decode_body, encode, int_field
 
@@ -37,6 +37,32 @@ def test_config_defaults_overrides_and_errors() -> None:
         validate_topic_configs({"min.insync.replicas": "0"})
     with pytest.raises(ConfigError, match="key=value"):
         parse_assignments(["novalue"])
+
+
+@pytest.mark.parametrize("raw", ["yes", "no", "1", "0", "on", "", "truee", 1])
+def test_booleans_are_true_or_false_as_the_error_says(raw: object) -> None:
+    # "yes" and "1" were accepted for topic configs while the error said "expected true or false", and the
+    # producer's enable.idempotence refused them: one parser now, Kafka's (true/false, any case)
+    from client.producer import parse_bool as producer_bool
+    from common.config import parse_bool
+
+    for parse in (lambda: validate_topic_configs({"unclean.leader.election.enable": raw}),
+                  lambda: controller_config({"auto.leader.rebalance.enable": raw}),
+                  lambda: producer_bool("enable.idempotence", raw),
+                  lambda: parse_bool("x", raw)):
+        with pytest.raises(ConfigError, match=r"expected true or false, got "):
+            parse()
+
+
+def test_booleans_take_true_and_false_in_any_case() -> None:
+    from client.producer import parse_bool as producer_bool
+
+    assert validate_topic_configs({"unclean.leader.election.enable": "TRUE"}) == {
+        "unclean.leader.election.enable": True}
+    assert validate_topic_configs({"unclean.leader.election.enable": " False "}) == {
+        "unclean.leader.election.enable": False}
+    assert broker_config({"controlled.shutdown.enable": False})["controlled.shutdown.enable"] is False
+    assert producer_bool("enable.idempotence", "True") is True and producer_bool("enable.idempotence", "false") is False
 
 
 def test_config_integers_have_kafkas_ranges() -> None:

@@ -24,6 +24,7 @@ from tests.procs import start_controller, stop
 def log_file(tmp_path: Path) -> Iterator[tuple[Path, TextIO]]:
     """A file for stderr (as a cluster member's; see ``as_stderr``); logging as it was is restored afterwards."""
     saved_config = structlog.get_config()
+    was_configured = structlog.is_configured()
     saved_handlers = list(logging.getLogger().handlers)
     path = tmp_path / "broker.log"
     with path.open("w", encoding="utf-8") as f:
@@ -35,6 +36,8 @@ def log_file(tmp_path: Path) -> Iterator[tuple[Path, TextIO]]:
                 if h not in saved_handlers:
                     root.removeHandler(h)
             structlog.configure(**saved_config)
+            if not was_configured:
+                structlog.reset_defaults()  # unconfigured again, as get_logger's fallback tells apart
             structlog.contextvars.clear_contextvars()
 
 
@@ -102,6 +105,30 @@ def test_level_filters_library_records_too(log_file: tuple[Path, TextIO], monkey
     logging.getLogger("some.library").error("shown")
     f.flush()
     assert [d["event"] for d in json_lines(path)] == ["shown"]
+
+
+def test_before_configure_events_go_to_stdlib_logging_never_stdout(
+        log_file: tuple[Path, TextIO], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The client library used from plain Python: structlog's unconfigured default printed every event on stdout.
+    A module's logger (made at import, before any configure) follows configure once it is called."""
+    structlog.reset_defaults()
+    early = get_logger("client.producer")
+    with caplog.at_level(logging.INFO, logger="client.producer"):
+        early.info("producer_id_assigned", producer_id=7)
+        early.warning("producer_id_unavailable", max_block_ms=10)
+    assert capsys.readouterr().out == ""
+    assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("client.producer", "INFO", "producer_id_assigned producer_id=7"),
+        ("client.producer", "WARNING", "producer_id_unavailable max_block_ms=10")]
+    path, f = log_file
+    as_stderr(monkeypatch, f)
+    configure("client", level="INFO")  # as the CLI does: from now on structlog's JSON lines on stderr
+    early.info("configured", n=1)
+    f.flush()
+    assert capsys.readouterr().out == ""
+    (doc,) = json_lines(path)
+    assert doc["event"] == "configured" and doc["n"] == 1 and doc["role"] == "client"
 
 
 def test_a_too_long_request_line_leaves_the_controller_log_json(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cli import cluster
-from cli.main import CliError, main
+from cli.main import CliError, build_parser, main
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -91,12 +91,33 @@ def test_usage_errors_are_one_readable_line(argv: list[str], message: str, capsy
     (["topics", "describe", ""], "topic name must not be empty"),
     (["produce", "t", "--key-separator", ""], "--key-separator must not be empty"),
     (["topics", "list", "--controller", "a:1,b:2"], "one HOST:PORT"),
+    # booleans are true or false, as the message says ("yes" and "1" were taken here, and refused by produce)
+    (["topics", "create", "t", "--partitions", "1", "--replication-factor", "1", "--controller", "127.0.0.1:1",
+      "--config", "unclean.leader.election.enable=yes"],
+     "--config: unclean.leader.election.enable: expected true or false, got 'yes'"),
+    (["topics", "create", "t", "--partitions", "1", "--replication-factor", "1", "--controller", "127.0.0.1:1",
+      "--config", "unclean.leader.election.enable=1"],
+     "--config: unclean.leader.election.enable: expected true or false, got '1'"),
+    (["produce", "t", "--bootstrap", "127.0.0.1:1", "--producer-property", "enable.idempotence=yes"],
+     "--producer-property enable.idempotence: expected true or false, got 'yes'"),
 ])
 def test_bad_values_are_reported_without_contacting_anything(argv: list[str], message: str,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run(argv, capsys)
     assert status == 2, err
     assert message in err and err.startswith("minibroker: error:")
+
+
+def test_perf_help_gives_each_benchmark_its_own_linger_default(capsys: pytest.CaptureFixture[str]) -> None:
+    # perf e2e's help said "(default 5; perf e2e uses 0)"
+    for benchmark, default in (("e2e", 0), ("produce", 5)):
+        status, out, _ = run(["perf", benchmark, "--help"], capsys)
+        assert status == 0
+        text = " ".join(out.split())
+        assert f"linger.ms (default {default})" in text and "uses 0" not in text
+        args = build_parser().parse_args(["perf", benchmark, "--topic", "t", "--num-records", "1",
+                                          "--record-size", "100"])
+        assert args.linger_ms == default
 
 
 def test_unreachable_controller_is_one_line(capsys: pytest.CaptureFixture[str], unused_port: int) -> None:

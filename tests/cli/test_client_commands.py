@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
+import signal
+import sys
 from collections.abc import AsyncIterator
 
 import pytest
 
+from common.errors import ErrorCode
 from common.wire import TopicPartition
-from tests.cli.helpers import run
+from tests.cli.helpers import minibroker, run
 from tests.client.fake_broker import FakeCluster, running
 
 TOPIC = "lines"
@@ -59,9 +64,10 @@ async def test_a_line_without_the_key_separator_fails_alone(fake: FakeCluster) -
                                  "--delivery-report", stdin=b"k1:a\nno separator\nk2:b\n")
     assert status == 1 and "Traceback" not in err
     reports = [json.loads(line) for line in out.splitlines()]
-    assert {"line": 2, "value": "no separator", "error": "NO_KEY_SEPARATOR"} in reports
+    assert {"line": 2, "value": "no separator", "error": "NO_KEY_SEPARATOR", "maybe_written": False} in reports
     assert sorted(r["value"] for r in reports if "offset" in r) == ["a", "b"]
-    assert "1 of 3 records were not acknowledged (first error: line 2: NO_KEY_SEPARATOR: no key separator ':'" in err
+    assert ("1 of 3 records were not acknowledged (1 not written, 0 maybe written; first error: line 2: "
+            "NO_KEY_SEPARATOR: no key separator ':'") in err
 
 
 async def test_consume_says_which_partitions_had_no_leader(fake: FakeCluster) -> None:
@@ -83,10 +89,11 @@ async def test_produce_reports_failures_and_exits_non_zero(fake: FakeCluster) ->
     status, out, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "0",
                                  "--delivery-report", "--linger-ms", "50", stdin=b"x\ny\n")
     assert status == 1
+    # the leader refused them before appending: certainly not written
     assert [json.loads(line) for line in out.splitlines()] == [
-        {"line": 1, "value": "x", "error": "MESSAGE_TOO_LARGE"},
-        {"line": 2, "value": "y", "error": "MESSAGE_TOO_LARGE"}]
-    assert "2 of 2 records were not acknowledged" in err and "Traceback" not in err
+        {"line": 1, "value": "x", "error": "MESSAGE_TOO_LARGE", "maybe_written": False},
+        {"line": 2, "value": "y", "error": "MESSAGE_TOO_LARGE", "maybe_written": False}]
+    assert "2 of 2 records were not acknowledged (2 not written, 0 maybe written" in err and "Traceback" not in err
 
 
 async def test_an_oversized_line_fails_alone_and_the_next_lines_are_still_sent(fake: FakeCluster) -> None:
@@ -98,7 +105,8 @@ async def test_an_oversized_line_fails_alone_and_the_next_lines_are_still_sent(f
     reports = [json.loads(line) for line in out.splitlines()]
     assert sorted(r["value"][:5] for r in reports) == ["first", "last", "zzzzz"]
     assert [r["error"] for r in reports if "error" in r] == ["MESSAGE_TOO_LARGE"]
-    assert "1 of 3 records were not acknowledged (first error: line 2: MESSAGE_TOO_LARGE" in err
+    assert "1 of 3 records were not acknowledged (1 not written, 0 maybe written; first error: line 2: " \
+           "MESSAGE_TOO_LARGE" in err
     status, out, err = await run("consume", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "0",
                                  "--offset", "0", "--timeout-ms", "500")
     assert status == 0, err
@@ -133,10 +141,43 @@ async def test_bad_producer_properties_are_one_line_errors(fake: FakeCluster, ar
 async def test_unknown_topic_and_partition_are_one_line_errors(fake: FakeCluster) -> None:
     status, _, err = await run("produce", "nope", "--bootstrap", fake.bootstrap, "--max-block-ms", "300",
                                stdin=b"x\n")
-    assert status != 0 and "UNKNOWN_TOPIC_OR_PARTITION" in err and "Traceback" not in err
+    assert status == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in err and "Traceback" not in err
+    # a partition the topic does not have is a bad argument for both commands: status 2 (produce said 1)
     status, _, err = await run("consume", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "7",
                                "--timeout-ms", "100")
-    assert status != 0 and "no partition 7" in err
+    assert status == 2 and f"topic '{TOPIC}' has no partition 7 (partitions 0..1)" in err, err
+    status, _, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "7", stdin=b"x\n")
+    assert status == 2 and f"topic '{TOPIC}' has no partition 7 (partitions 0..1)" in err, err
+    assert "Traceback" not in err and fake.produce_requests == 0
+
+
+@pytest.mark.parametrize("partition", [[], ["--partition", "0"]])
+async def test_consume_reports_a_topic_the_brokers_say_does_not_exist_without_waiting_out_the_timeout(
+        fake: FakeCluster, partition: list[str]) -> None:
+    # it once waited the whole --metadata-timeout-ms (10 s by default): here 10 minutes, far past run's 30 s
+    status, out, err = await run("consume", "nosuch", "--bootstrap", fake.bootstrap, *partition,
+                                 "--metadata-timeout-ms", "600000", "--timeout-ms", "1000", timeout_s=30)
+    assert status == 1 and out == ""
+    assert "UNKNOWN_TOPIC_OR_PARTITION: topic 'nosuch' does not exist" in err and "Traceback" not in err
+
+
+async def test_consume_still_finds_a_topic_created_just_after_the_brokers_said_it_did_not_exist(
+        fake: FakeCluster) -> None:
+    # a topic just created reaches the brokers a moment after the controller answered: a first "does not
+    # exist" answer is not the end
+    consume = asyncio.create_task(run("consume", "late", "--bootstrap", fake.bootstrap, "--from-beginning",
+                                      "--max-messages", "1", "--timeout-ms", "10000"))
+    for _ in range(300):
+        if fake.metadata_requests["late"] or consume.done():
+            break
+        await asyncio.sleep(0.02)
+    assert fake.metadata_requests["late"], "consume never asked for the topic"
+    fake.create_topic("late", 1)
+    status, _, err = await run("produce", "late", "--bootstrap", fake.bootstrap, stdin=b"x\n")
+    assert status == 0, err
+    status, out, err = await consume
+    assert status == 0, err
+    assert out.splitlines() == ["x"]
 
 
 async def test_perf_produce_and_consume_print_kafka_style_figures(fake: FakeCluster) -> None:
@@ -156,3 +197,237 @@ async def test_perf_e2e_reports_latency_percentiles(fake: FakeCluster) -> None:
                                  "--bootstrap", fake.bootstrap, "--fetch-max-wait-ms", "100")
     assert status == 0, err
     assert "200 of 200 records received" in out and "99th" in out
+
+
+# -- produce: Ctrl-C, a closed stdout, long lines, delivery reports ------------------------------------------
+
+async def start_produce(fake: FakeCluster, *argv: str) -> asyncio.subprocess.Process:
+    """``produce`` with stdin a pipe that this test keeps open (as ``tail -f x | minibroker produce``)."""
+    return await asyncio.create_subprocess_exec(
+        *minibroker(), "produce", TOPIC, "--bootstrap", fake.bootstrap, *argv, stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+
+
+async def stderr_line(proc: asyncio.subprocess.Process, prefix: str, seen: list[str]) -> str:
+    """The next stderr line starting with ``prefix`` (the lines read meanwhile go to ``seen``)."""
+    assert proc.stderr is not None
+    while True:
+        line = (await asyncio.wait_for(proc.stderr.readline(), 20)).decode()
+        assert line, f"stderr ended before a line starting with {prefix!r}: {seen}"
+        seen.append(line)
+        if line.startswith(prefix):
+            return line
+
+
+async def finish(proc: asyncio.subprocess.Process) -> tuple[int, str, str]:
+    """Wait (at most 20 s) for ``proc`` to exit by itself, its stdin still open; its status, stdout, stderr."""
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err, status = await asyncio.wait_for(asyncio.gather(proc.stdout.read(), proc.stderr.read(), proc.wait()),
+                                              20)
+    return status, out.decode(), err.decode()
+
+
+async def test_ctrl_c_ends_produce_reading_a_pipe_whose_writer_stays_open(fake: FakeCluster) -> None:
+    # the read used to run in asyncio's executor thread, which asyncio.run waits for at exit: Ctrl-C hung
+    # until the next line or the end of stdin
+    proc = await start_produce(fake, "--delivery-report")
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(b"a\nb\n")
+        await proc.stdin.drain()
+        reports = [json.loads(await asyncio.wait_for(proc.stdout.readline(), 20)) for _ in range(2)]
+        assert sorted((r["line"], r["value"]) for r in reports) == [(1, "a"), (2, "b")]
+        assert all(r["offset"] >= 0 for r in reports)
+        proc.send_signal(signal.SIGINT)
+        status, out, err = await finish(proc)
+    finally:
+        proc.stdin.close()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert status == 130, err
+    assert out == ""
+    assert err.strip().splitlines()[-1] == "minibroker: interrupted: 0 lines read from stdin were not sent"
+    assert "Traceback" not in err and "not acknowledged" not in err
+
+
+async def test_ctrl_c_while_produce_waits_counts_the_lines_not_sent_and_a_second_stops_waiting(
+        fake: FakeCluster) -> None:
+    # partition 0 has no leader: its records wait in the producer, and buffer.memory=60 takes 5 of them (14
+    # bytes each with the per-record overhead); the sixth send waits for room
+    fake.move_leader(TopicPartition(TOPIC, 0), -1)
+    proc = await start_produce(fake, "--partition", "0", "--delivery-report", "--producer-property",
+                               "buffer.memory=60", "--max-block-ms", "60000", "--progress-interval-ms", "50")
+    assert proc.stdin is not None
+    seen: list[str] = []
+    try:
+        proc.stdin.write(b"".join(b"l%d\n" % i for i in range(1, 11)))
+        await proc.stdin.drain()
+        await stderr_line(proc, "minibroker: 5 sent, 0 acknowledged", seen)
+        proc.send_signal(signal.SIGINT)
+        line = await stderr_line(proc, "minibroker: interrupted: waiting", seen)
+        assert "for 5 records sent (Ctrl-C again to stop waiting)" in line
+        proc.send_signal(signal.SIGINT)
+        status, out, err = await finish(proc)
+    finally:
+        proc.stdin.close()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    err = "".join(seen) + err
+    assert status == 130, err
+    # never sent (no leader): PRODUCER_CLOSED, certainly not written; not a Python class name
+    assert sorted(json.loads(line)["line"] for line in out.splitlines()) == [1, 2, 3, 4, 5]
+    for line in out.splitlines():
+        report = json.loads(line)
+        assert report == {"line": report["line"], "value": f"l{report['line']}", "error": "PRODUCER_CLOSED",
+                          "maybe_written": False}
+    assert "minibroker: 5 of 5 records were not acknowledged (5 not written, 0 maybe written" in err
+    assert err.strip().splitlines()[-1] == "minibroker: interrupted: 5 lines read from stdin were not sent"
+    assert "Traceback" not in err
+
+
+async def test_delivery_reports_tell_maybe_written_failures_from_certain_ones(fake: FakeCluster) -> None:
+    # NOT_ENOUGH_REPLICAS_AFTER_APPEND: the leader appended, then could not replicate: the record may be read
+    fake.errors[TopicPartition(TOPIC, 0)].append(ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND)
+    big = b"z" * (1024 * 1024 + 10)
+    status, out, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "0",
+                                 "--delivery-report", "--producer-property", "enable.idempotence=false",
+                                 "--producer-property", "retries=0", stdin=b"x\n" + big + b"\n")
+    assert status == 1, err
+    reports = sorted((json.loads(line) for line in out.splitlines()), key=lambda r: r["line"])
+    assert reports == [
+        {"line": 1, "value": "x", "error": "NOT_ENOUGH_REPLICAS_AFTER_APPEND", "maybe_written": True},
+        {"line": 2, "value": "z" * 64, "error": "MESSAGE_TOO_LARGE", "maybe_written": False, "line_bytes": len(big)}]
+    assert "minibroker: 2 of 2 records were not acknowledged (1 not written, 1 maybe written; first error: " \
+           f"line 2: MESSAGE_TOO_LARGE: a {len(big)}-byte line makes a record larger than max.request.size=" in err
+
+
+async def test_produce_stops_quietly_when_its_delivery_reports_reader_goes_away(fake: FakeCluster) -> None:
+    # `produce --delivery-report | head -1` once wrote a BrokenPipeError traceback per record
+    lines = b"".join(b"%d\n" % i for i in range(1, 2001))
+    script = '"$@" | head -1; echo "status ${PIPESTATUS[0]}" >&2'
+    proc = await asyncio.create_subprocess_exec(
+        "bash", "-c", script, "bash", *minibroker(), "produce", TOPIC, "--bootstrap", fake.bootstrap,
+        "--delivery-report", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(lines), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert err.decode().splitlines() == ["status 0"]  # as `consume | head -1`: quiet, status 0
+    (report,) = out.decode().splitlines()
+    assert set(json.loads(report)) == {"line", "value", "partition", "offset"}
+    proc = await asyncio.create_subprocess_exec(
+        "bash", "-c", script, "bash", *minibroker(), "consume", TOPIC, "--bootstrap", fake.bootstrap,
+        "--from-beginning", "--timeout-ms", "1000", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert err.decode().splitlines() == ["status 0"] and len(out.decode().splitlines()) == 1
+
+
+async def test_a_huge_line_is_not_kept_whole(fake: FakeCluster) -> None:
+    # a line was assembled by concatenating each chunk to all that came before (quadratic; a 40 MB line took
+    # seconds) and kept whole; now only its first bytes are kept. Measured: the peak memory of the produce
+    # process, with a 48 MB line and without, through a wrapper that reports its child's ru_maxrss
+    wrapper = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:]); "
+               "print('maxrss', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+
+    async def produce(stdin: bytes) -> tuple[list[str], int]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", wrapper, *minibroker(), "produce", TOPIC, "--bootstrap", fake.bootstrap,
+            "--partition", "1", "--delivery-report", stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(stdin), 120)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        *reports, last = out.decode().splitlines()
+        assert last.startswith("maxrss ")
+        return reports, int(last.split()[1])  # KiB
+
+    size = 48 * 1024 * 1024
+    _, small_kib = await produce(b"first\nzz\nlast\n")
+    reports, big_kib = await produce(b"first\n" + b"z" * size + b"\nlast\n")
+    by_line = {r["line"]: r for r in map(json.loads, reports)}
+    assert by_line[2] == {"line": 2, "value": "z" * 64, "error": "MESSAGE_TOO_LARGE", "maybe_written": False,
+                          "line_bytes": size}
+    assert by_line[1]["value"] == "first" and by_line[3]["value"] == "last" and "offset" in by_line[3]
+    assert big_kib - small_kib < size // 1024 // 4, (small_kib, big_kib)
+
+
+async def test_buffer_memory_bounds_a_record_as_max_request_size_does(fake: FakeCluster) -> None:
+    # Kafka refuses a record larger than buffer.memory (RecordTooLargeException): it could never be buffered
+    status, out, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap, "--delivery-report",
+                                 "--producer-property", "buffer.memory=10", stdin=b"a\n")
+    assert status == 1
+    assert [json.loads(line) for line in out.splitlines()] == [
+        {"line": 1, "value": "a", "error": "MESSAGE_TOO_LARGE", "maybe_written": False}]
+    assert "a 13-byte record is larger than the whole buffer.memory=10" in err
+    assert fake.produce_requests == 0
+
+
+# -- consume: unreachable leaders, output formats ----------------------------------------------------------
+
+async def test_consume_warns_about_partitions_whose_leader_does_not_answer(fake: FakeCluster) -> None:
+    # partition 1's leader (broker 2) was killed and the metadata still names it (the controller has not
+    # noticed yet): consume used to say "consumed 1 messages" and nothing else
+    status, _, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "0", stdin=b"a\n")
+    assert status == 0, err
+    await fake.kill_broker(2)
+    status, out, err = await run("consume", TOPIC, "--bootstrap", fake.bootstrap, "--from-beginning",
+                                 "--timeout-ms", "1000")
+    assert status == 0, err
+    assert out.splitlines() == ["a"]
+    warning = next(line for line in err.splitlines() if line.startswith("warning:"))
+    assert warning.startswith(f"warning: could not fetch from the leader of partition {TOPIC}-1 (")
+    assert fake.addresses[2] in warning and warning.endswith("): records there could not be read")
+    assert f"{TOPIC}-0" not in warning
+    assert err.splitlines()[-1] == "consumed 1 messages"
+
+
+async def test_json_output_gives_values_that_are_not_utf8_as_base64_and_text_prints_null(
+        fake: FakeCluster) -> None:
+    from client.producer import Producer
+
+    status, out, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "0",
+                                 "--delivery-report", stdin=b"\xff\xfe\n\\xff\\xfe\n")
+    assert status == 0, err
+    # the bytes ff fe and the text \xff\xfe were both shown as "\\xff\\xfe"
+    assert [{k: v for k, v in json.loads(line).items() if k not in ("partition", "offset")}
+            for line in sorted(out.splitlines())] == [{"line": 1, "value_base64": "//4="},
+                                                      {"line": 2, "value": "\\xff\\xfe"}]
+    async with Producer(fake.bootstrap) as producer:
+        await producer.send_and_wait(TOPIC, None, key=b"k", partition=0)
+    status, out, err = await run("consume", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "0",
+                                 "--from-beginning", "--format", "json", "--timeout-ms", "500")
+    assert status == 0, err
+    records = [json.loads(line) for line in out.splitlines()]
+    assert [{k: v for k, v in r.items() if k not in ("partition", "offset", "timestamp")} for r in records] == [
+        {"key": None, "value_base64": "//4="}, {"key": None, "value": "\\xff\\xfe"}, {"key": "k", "value": None}]
+    assert base64.b64decode(records[0]["value_base64"]) == b"\xff\xfe"
+    # text: a null key or value prints as null, as Kafka's console consumer
+    status, out, err = await run("consume", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "0",
+                                 "--from-beginning", "--print-key", "--timeout-ms", "500")
+    assert status == 0, err
+    assert out.splitlines() == ["null\t\\xff\\xfe", "null\t\\xff\\xfe", "k\tnull"]
+
+
+async def test_perf_consume_stops_at_num_records(fake: FakeCluster) -> None:
+    status, _, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap,
+                               stdin=b"".join(b"%d\n" % i for i in range(50)))
+    assert status == 0, err
+    status, out, err = await run("perf", "consume", "--topic", TOPIC, "--num-records", "10", "--bootstrap",
+                                 fake.bootstrap)
+    assert status == 0, err
+    header, figures, summary = out.splitlines()[-3:]
+    assert dict(zip(header.split(", "), figures.split(", "), strict=True))["data.consumed.in.nMsg"] == "10"
+    assert summary.startswith("10 records consumed in")

@@ -140,6 +140,12 @@ class FakeCluster:
         self.lost_answers = 0
         self.duplicates_answered = 0  # produce answers that were a duplicate's original offset
         self.batches_per_partition: list[int] = []  # batches of one partition in each produce request
+        # brokers stopped by kill_broker: no longer answering, still in the metadata (as a killed broker is
+        # until the controller notices its silence)
+        self.dead_but_listed: set[int] = set()
+        self.metadata_requests: Counter[str] = Counter()  # per topic asked for
+        self.hold_produce = asyncio.Event()  # cleared: produce requests wait (unanswered) until it is set
+        self.hold_produce.set()
 
     def headers(self, tp: TopicPartition) -> list[BatchHeader]:
         """The headers of ``tp``'s stored batches, in log order."""
@@ -178,6 +184,12 @@ class FakeCluster:
         if runner is not None:
             await runner.cleanup()
 
+    async def kill_broker(self, node_id: int) -> None:
+        """Stop a broker's server but keep it in the metadata, leading what it led: a broker killed a moment
+        ago, before the controller noticed."""
+        self.dead_but_listed.add(node_id)
+        await self.stop_broker(node_id)
+
     async def close(self) -> None:
         for node_id in list(self.runners):
             await self.stop_broker(node_id)
@@ -196,6 +208,7 @@ class FakeCluster:
 
     async def _metadata(self, node_id: int, body: dict[str, Any]) -> dict[str, Any]:
         wanted = body.get("topics")
+        self.metadata_requests.update(wanted or [])
         topics: dict[str, list[dict[str, Any]]] = {}
         for tp, part in sorted(self.partitions.items()):
             if wanted is None or tp.topic in wanted:
@@ -209,7 +222,7 @@ class FakeCluster:
         out += [{"topic": t, "error": int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION), "partitions": []}
                 for t in wanted or [] if t not in topics]
         brokers = [{"node_id": i, "host": a.split(":")[0], "port": int(a.split(":")[1])}
-                   for i, a in self.addresses.items() if i in self.runners]
+                   for i, a in self.addresses.items() if i in self.runners or i in self.dead_but_listed]
         return {"cluster_id": "fake", "controller_id": 0, "brokers": brokers, "topics": out}
 
     def _check(self, node_id: int, tp: TopicPartition) -> ErrorCode:
@@ -230,6 +243,7 @@ class FakeCluster:
 
     async def _produce(self, node_id: int, body: dict[str, Any]) -> dict[str, Any]:
         self.produce_requests += 1
+        await self.hold_produce.wait()
         lose = False
         topics = []
         for t in body["topics"]:

@@ -465,3 +465,70 @@ async def test_a_batch_that_does_not_decode_fails_poll_after_the_records_before_
             if len(got) == 3:
                 break
     assert got == [b"a", b"b", b"c"]
+
+
+async def test_a_record_larger_than_buffer_memory_is_refused_at_send(fake: FakeCluster) -> None:
+    # Kafka's ensureValidRecordSize: such a record could never be buffered (it was accepted, and sent)
+    async with Producer(fake.bootstrap, fast(buffer_memory=20)) as producer:
+        too_large = r"a 21-byte record is larger than the whole buffer\.memory=20"
+        with pytest.raises(MinibrokerError, match=too_large) as info:
+            await producer.send(TOPIC, b"x" * (21 - record_size(None, b"")), partition=0)
+        assert info.value.code is ErrorCode.MESSAGE_TOO_LARGE
+        assert (await producer.send_and_wait(TOPIC, b"x" * (20 - record_size(None, b"")), partition=0)).offset == 0
+    assert fake.produce_requests == 1
+
+
+async def test_close_with_a_timeout_fails_what_is_unanswered_and_says_what_may_be_written(fake: FakeCluster) -> None:
+    from client.errors import ProducerClosedError, error_name, is_definite_failure
+
+    fake.move_leader(TopicPartition(TOPIC, 1), -1)  # its record is never sent
+    fake.hold_produce.clear()  # partition 0's request is sent and never answered
+    producer = Producer(fake.bootstrap, fast(linger_ms=0))
+    await producer.start()
+    sent = await producer.send(TOPIC, b"sent", partition=0)
+    queued = await producer.send(TOPIC, b"queued", partition=1)
+    for _ in range(500):
+        if fake.produce_requests:
+            break
+        await asyncio.sleep(0.01)
+    assert fake.produce_requests == 1
+    await asyncio.wait_for(producer.close(timeout_ms=0), 10)
+    fake.hold_produce.set()
+    errors = []
+    for fut in (sent, queued):
+        with pytest.raises(ProducerClosedError) as info:
+            await fut
+        errors.append(info.value)
+    assert [error_name(e) for e in errors] == ["PRODUCER_CLOSED", "PRODUCER_CLOSED"]
+    assert [is_definite_failure(e) for e in errors] == [False, True]  # the sent one may have been appended
+
+
+async def test_fetch_errors_name_the_partitions_whose_leader_does_not_answer(fake: FakeCluster) -> None:
+    async with Producer(fake.bootstrap, fast()) as producer:
+        for p in range(3):
+            await producer.send_and_wait(TOPIC, b"x", partition=p)
+    await fake.kill_broker(2)  # leads partition 1; still in the metadata
+    async with Consumer(fake.bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=50,
+                        retry_backoff_ms=20) as consumer:
+        await consumer.assign_topic(TOPIC)
+        got = []
+        for _ in range(10):
+            got += await consumer.poll(timeout_ms=100)
+        assert sorted(r.partition for r in got) == [0, 2]
+        errors = consumer.fetch_errors()
+        assert list(errors) == [TopicPartition(TOPIC, 1)]
+        assert fake.addresses[2] in errors[TopicPartition(TOPIC, 1)]
+        fake.move_leader(TopicPartition(TOPIC, 1), 1)  # the controller noticed: a live leader
+        for _ in range(50):
+            got += await consumer.poll(timeout_ms=100)
+            if len(got) == 3:
+                break
+        assert sorted(r.partition for r in got) == [0, 1, 2]
+        assert consumer.fetch_errors() == {}
+
+
+async def test_waiting_for_a_topic_can_end_when_the_brokers_keep_saying_it_does_not_exist(fake: FakeCluster) -> None:
+    async with Consumer(fake.bootstrap) as consumer:
+        with pytest.raises(MinibrokerError, match="topic 'nosuch' does not exist") as info:
+            await asyncio.wait_for(consumer.assign_topic("nosuch", timeout_ms=600_000, unknown_after_ms=200), 20)
+        assert info.value.code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION

@@ -73,7 +73,7 @@ def test_explicit_idempotence_with_conflicting_settings_is_a_config_error(settin
 def test_enable_idempotence_must_be_a_bool() -> None:
     with pytest.raises(TypeError, match=r"enable\.idempotence"):
         ProducerConfig(enable_idempotence="true")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"enable\.idempotence must be true or false"):
+    with pytest.raises(ValueError, match=r"enable\.idempotence: expected true or false"):
         Producer("127.0.0.1:9091", enable_idempotence="yes please")
 
 
