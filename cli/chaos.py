@@ -43,6 +43,15 @@ a summary (acked, failed, indeterminate, faults, elections seen) and writes
 ``history.jsonl`` and ``summary.json`` into ``--out``. A cluster the run
 started is stopped gracefully afterwards (exact HW checkpoints for the
 export) unless ``--keep-running``.
+
+Ctrl-C, SIGTERM or SIGHUP ends a run early: the producers and the consumer
+stop (bounded; a send without an outcome is recorded ``info``), the fault in
+progress is undone and everything healed as at the normal end, a cluster the
+run started is stopped, the history is closed whole (no summary), and the exit
+status is 128 + the signal (Ctrl-C: 130). A second signal only says that the
+cleanup is under way. ``--duration`` is at most a week (the schedule is drawn
+up front). Against a cluster running already, pauses are drawn from the
+session timeout its cluster.json records for the controller.
 """
 
 from __future__ import annotations
@@ -68,10 +77,15 @@ from cli import cluster as cl
 from cli import netns
 from cli.main import CliError
 from common.cli_args import port, positive, positive_float
+from common.config import ConfigError, controller_config, parse_assignments
 
 FAULTS = ("kill", "term", "pause", "controller", "leaders", "partition")
 DEFAULT_FAULTS = ("kill", "term", "pause", "controller")
 TOPIC = "chaos"
+# the fault schedule is drawn up front (a fault every few seconds): a week of it is ~10^5 faults
+MAX_DURATION_S = 7 * 24 * 3600
+DEFAULT_SESSION_TIMEOUT_MS = 6_000
+SESSION_TIMEOUT = "broker.session.timeout.ms"
 
 
 # ---------------------------------------------------------------- the schedule (pure)
@@ -130,6 +144,16 @@ class Recorder:
         self.writer = HistoryWriter(path)
         self.stats = stats
         self._seq: Counter[str] = Counter()
+        self.closed = False
+
+    def close(self) -> None:
+        """Close the file; a delivery callback that fires later is not written (the file stays whole)."""
+        self.closed = True
+        self.writer.close()
+
+    def write(self, event: SendEvent | PollEvent | NemesisEvent) -> None:
+        if not self.closed:
+            self.writer.write(event)
 
     def seq(self, process: str) -> int:
         self._seq[process] += 1
@@ -155,20 +179,79 @@ class Recorder:
             self.stats.errors[name] += 1
             event = SendEvent(process, self.seq(process), TOPIC, None, value, start_ms, now,
                               Outcome.FAIL if definite else Outcome.INFO, error=name)
-        self.writer.write(event)
+        self.write(event)
+
+    def indeterminate(self, process: str, value: str, start_ms: int, error: str) -> None:
+        """A send whose outcome is unknown (``info``): it failed to queue, or the run ended before it did."""
+        self.stats.indeterminate += 1
+        self.write(SendEvent(process, self.seq(process), TOPIC, None, value, start_ms, int(time.time() * 1000),
+                             Outcome.INFO, error=error))
 
     def poll(self, process: str, r: Any) -> None:
-        self.writer.write(PollEvent(process, self.seq(process), r.topic, r.partition, r.offset,
+        self.write(PollEvent(process, self.seq(process), r.topic, r.partition, r.offset,
                                     None, r.value.decode("utf-8", "replace") if r.value is not None else None,
                                     int(time.time() * 1000)))
 
     def nemesis(self, fault: str, target: str, detail: str) -> None:
-        self.writer.write(NemesisEvent(int(time.time() * 1000), fault, target, detail))
+        self.write(NemesisEvent(int(time.time() * 1000), fault, target, detail))
 
 
-async def producer(name: str, bootstrap: str, rec: Recorder, stop: asyncio.Event, inflight: int) -> None:
+# ---------------------------------------------------------------- bounded waits
+
+async def _wait_event(event: asyncio.Event, seconds: float) -> None:
+    """Until ``event`` is set, for at most ``seconds``."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout=seconds)
+
+
+def _retrieve(tasks: list[asyncio.Task[Any]]) -> None:
+    """Mark the outcome of finished tasks as seen (no "exception was never retrieved" at exit)."""
+    for t in tasks:
+        if t.done() and not t.cancelled():
+            t.exception()
+
+
+async def _finish(tasks: list[asyncio.Task[Any]], timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` for ``tasks``; cancel what is left and give it a few seconds to unwind."""
+    pending = [t for t in tasks if not t.done()]
+    if pending:
+        _, left = await asyncio.wait(pending, timeout=timeout_s)
+        for t in left:
+            t.cancel()
+        if left:
+            await asyncio.wait(left, timeout=10)
+    _retrieve(tasks)
+
+
+class _Interrupted(Exception):
+    """A stop signal (Ctrl-C, SIGTERM, SIGHUP) ended the run early."""
+
+
+async def _unless_interrupted(aw: Any, interrupted: asyncio.Event) -> Any:
+    """``await aw``, unless ``interrupted`` is set first: then cancel it and raise ``_Interrupted``."""
+    task = asyncio.ensure_future(aw)
+    if not interrupted.is_set():
+        waiter = asyncio.ensure_future(interrupted.wait())
+        try:
+            await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.wait([task], timeout=10)
+    _retrieve([task])
+    raise _Interrupted
+
+
+async def producer(name: str, bootstrap: str, rec: Recorder, stop: asyncio.Event, inflight: int,
+                   quit_sending: asyncio.Event | None = None) -> None:
+    """Send until ``stop``, then wait (bounded) for the outcome of every send. ``quit_sending`` (the run was
+    interrupted) cuts that wait short; a send still without an outcome then is recorded ``info``, so that the
+    history holds an outcome for every attempt. Cancelling the task does the same."""
     from client.producer import Producer, ProducerConfig
 
+    quit_sending = quit_sending or asyncio.Event()
     # enable.idempotence is left to its default: on with acks=all, so the audit holds these producers to no
     # duplicates (DESIGN.md invariant 6); against brokers without init_producer_id the producer warns and
     # goes on without it. The outcomes are recorded as before: the idempotent producer's own refusals
@@ -178,29 +261,60 @@ async def producer(name: str, bootstrap: str, rec: Recorder, stop: asyncio.Event
                          retry_backoff_ms=200)
     sem = asyncio.Semaphore(inflight)
     n = 0
-    async with Producer(bootstrap, cfg) as p:
+    open_sends: dict[str, int] = {}  # value -> start_ms of each attempt with no outcome recorded yet
+    p = Producer(bootstrap, cfg)
+    try:
+        await p.start()
         while not stop.is_set():
             await sem.acquire()
             value = f"{name}-{n}"
             n += 1
             start_ms = int(time.time() * 1000)
+            open_sends[value] = start_ms  # before send: cancelled inside it, the record may be queued already
             try:
                 fut = await asyncio.wait_for(p.send(TOPIC, value.encode()), timeout=30)
             except Exception as exc:  # recorded as an indeterminate attempt
-                rec.writer.write(SendEvent(name, rec.seq(name), TOPIC, None, value, start_ms,
-                                           int(time.time() * 1000), Outcome.INFO, error=type(exc).__name__))
-                rec.stats.indeterminate += 1
+                del open_sends[value]
+                rec.indeterminate(name, value, start_ms, type(exc).__name__)
                 sem.release()
                 await asyncio.sleep(0.2)
                 continue
 
             def done(f: Any, value: str = value, start_ms: int = start_ms) -> None:
+                if open_sends.pop(value, None) is None:
+                    return  # recorded as interrupted already
                 rec.send(name, value, start_ms, f)
                 sem.release()
 
             fut.add_done_callback(done)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(p.flush(), timeout=30)
+        flush = asyncio.ensure_future(p.flush())
+        quitting = asyncio.ensure_future(quit_sending.wait())
+        await asyncio.wait([flush, quitting], timeout=30, return_when=asyncio.FIRST_COMPLETED)
+        quitting.cancel()
+        flush.cancel()
+        await asyncio.wait([flush])
+        _retrieve([flush])
+    finally:
+        # close (bounded): queued sends fail, connections close; cancelled while it waits for sends in flight,
+        # close stops the sender and fails what is left
+        closing = asyncio.ensure_future(p.close())
+        cancelled = False
+        try:
+            await asyncio.wait([closing], timeout=2 if quit_sending.is_set() else 30)
+        except asyncio.CancelledError:  # cancelled while closing: close quickly, record, then stay cancelled
+            cancelled = True
+        if not closing.done():
+            closing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([closing], timeout=10)
+        _retrieve([closing])
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(0)  # the delivery callbacks close scheduled
+        for value, start_ms in list(open_sends.items()):
+            rec.indeterminate(name, value, start_ms, "Interrupted")
+        open_sends.clear()
+        if cancelled:
+            raise asyncio.CancelledError
 
 
 async def consumer(name: str, bootstrap: str, rec: Recorder, stop: asyncio.Event, *,
@@ -242,12 +356,13 @@ def _spec(data_dir: Path) -> cl.ClusterSpec:
 
 
 def _restart(data_dir: Path, name: str) -> None:
-    spec = _spec(data_dir)
-    m = spec.member(name)
-    if not cl.is_running(m):
-        with contextlib.suppress(CliError):
-            spec = spec.with_member(cl.spawn(spec, m))
-            cl.save(spec)
+    """Start ``name`` again unless it runs: under the cluster lock (no `cluster start` racing it for
+    cluster.json), recorded there before a Ctrl-C is handled (``cl.start_member``)."""
+    with contextlib.suppress(CliError), cl.cluster_lock(data_dir):
+        spec = _spec(data_dir)
+        m = spec.member(name)
+        if not cl.is_running(m):
+            cl.start_member(spec, m)
 
 
 async def _resolve(fault: Fault, controller: str, rng: random.Random) -> str:
@@ -260,7 +375,17 @@ async def _resolve(fault: Fault, controller: str, rng: random.Random) -> str:
     return "broker-1"
 
 
-async def nemesis(data_dir: Path, plan: list[Fault], rec: Recorder, stop: asyncio.Event, seed: int) -> None:
+def _say(line: str) -> None:
+    """A progress line; a closed stdout (the terminal went away: SIGHUP) does not stop the run's cleanup."""
+    with contextlib.suppress(OSError, ValueError):
+        print(line, flush=True)
+
+
+async def nemesis(data_dir: Path, plan: list[Fault], rec: Recorder, stop: asyncio.Event, seed: int,
+                  end_faults: asyncio.Event | None = None) -> None:
+    """Inject ``plan`` until ``stop``; each fault is undone after its hold, at once when ``end_faults`` is set
+    (the run was interrupted: a paused broker gets SIGCONT, a stopped one is restarted)."""
+    end_faults = end_faults or asyncio.Event()
     rng = random.Random(seed + 1)
     t0 = time.monotonic()
     for fault in plan:
@@ -271,10 +396,10 @@ async def nemesis(data_dir: Path, plan: list[Fault], rec: Recorder, stop: asynci
         if stop.is_set():
             return
         if fault.kind == "leaders":
-            await kill_leaders(data_dir, fault, rec, t0, rng)
+            await kill_leaders(data_dir, fault, rec, t0, rng, end_faults)
             continue
         if fault.kind == "partition":
-            await partition_fault(data_dir, fault, rec, t0, rng)
+            await partition_fault(data_dir, fault, rec, t0, rng, end_faults)
             continue
         spec = _spec(data_dir)
         target = await _resolve(fault, spec.controller.address, rng)
@@ -283,15 +408,15 @@ async def nemesis(data_dir: Path, plan: list[Fault], rec: Recorder, stop: asynci
                "pause": signal.SIGSTOP}[fault.kind]
         sent = cl.send_signal(m, sig)
         line = f"[{time.monotonic() - t0:6.1f}s] {fault.kind:<10} {m.name} ({sig.name}, hold {fault.hold_s:.1f}s)"
-        print(line + ("" if sent else " -- not running"), flush=True)
+        _say(line + ("" if sent else " -- not running"))
         rec.nemesis(fault.kind, m.name, f"{sig.name} hold_s={fault.hold_s}")
         rec.stats.faults.append(f"{fault.kind}:{m.name}")
-        await asyncio.sleep(fault.hold_s)
+        await _wait_event(end_faults, fault.hold_s)
         if fault.kind == "pause":
             cl.send_signal(m, signal.SIGCONT)
         elif fault.kind == "term":
-            end = time.monotonic() + 40  # controlled shutdown may take a while
-            while cl.is_running(m) and time.monotonic() < end:
+            began = time.monotonic()  # controlled shutdown may take a while; less patience once interrupted
+            while cl.is_running(m) and time.monotonic() - began < (10 if end_faults.is_set() else 40):
                 cl.reap()
                 await asyncio.sleep(0.2)
             if cl.is_running(m):
@@ -303,10 +428,13 @@ async def nemesis(data_dir: Path, plan: list[Fault], rec: Recorder, stop: asynci
         rec.nemesis("heal", m.name, "SIGCONT" if fault.kind == "pause" else "restarted")
 
 
-async def kill_leaders(data_dir: Path, fault: Fault, rec: Recorder, t0: float, rng: random.Random) -> None:
+async def kill_leaders(data_dir: Path, fault: Fault, rec: Recorder, t0: float, rng: random.Random,
+                       end_faults: asyncio.Event | None = None) -> None:
     """Aggressive: SIGKILL one partition's leader, then its successor, until every replica is down;
     restart them stalest first. With unclean.leader.election.enable the first one back may be elected
-    out of sync, and acknowledged writes held only by the others are truncated away."""
+    out of sync, and acknowledged writes held only by the others are truncated away. ``end_faults`` ends the
+    chain and the hold at once."""
+    end_faults = end_faults or asyncio.Event()
     spec = _spec(data_dir)
     victims: list[str] = []
     partition: int | None = None
@@ -314,7 +442,7 @@ async def kill_leaders(data_dir: Path, fault: Fault, rec: Recorder, t0: float, r
         # the controller moves leadership only once it fences the dead broker (session timeout): wait for it
         leader = -1
         deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not end_faults.is_set():
             with contextlib.suppress(Exception):
                 parts = [p for p in await describe(spec.controller.address) if p["leader"] >= 0]
                 if partition is None and parts:
@@ -323,29 +451,30 @@ async def kill_leaders(data_dir: Path, fault: Fault, rec: Recorder, t0: float, r
                 if leader >= 0 and f"broker-{leader}" not in victims:
                     break
             leader = -1
-            await asyncio.sleep(0.5)
+            await _wait_event(end_faults, 0.5)
         if leader < 0:
             break  # offline (no eligible replica left) or no answer: stop the chain here
         m = spec.member(f"broker-{leader}")
         cl.send_signal(m, signal.SIGKILL)
         victims.append(m.name)
-        print(f"[{time.monotonic() - t0:6.1f}s] leaders    {m.name} (SIGKILL, leader of {TOPIC}-{partition})",
-              flush=True)
+        _say(f"[{time.monotonic() - t0:6.1f}s] leaders    {m.name} (SIGKILL, leader of {TOPIC}-{partition})")
         rec.nemesis("leaders", m.name, f"SIGKILL leader of partition {partition}")
         rec.stats.faults.append(f"leaders:{m.name}")
-    await asyncio.sleep(fault.hold_s)
+    await _wait_event(end_faults, fault.hold_s)
     cl.reap()
     for name in victims:  # the stalest first
         _restart(data_dir, name)
         rec.nemesis("heal", name, "restarted")
-        await asyncio.sleep(2.0)
+        await _wait_event(end_faults, 2.0)
 
 
 _NET: netns.NetPlan | None = None  # set when this run executes inside the client namespace
 
 
-async def partition_fault(data_dir: Path, fault: Fault, rec: Recorder, t0: float, rng: random.Random) -> None:
-    """Cut one broker off the hub bridge for ``hold_s``, then reconnect it."""
+async def partition_fault(data_dir: Path, fault: Fault, rec: Recorder, t0: float, rng: random.Random,
+                          end_faults: asyncio.Event | None = None) -> None:
+    """Cut one broker off the hub bridge for ``hold_s`` (less once ``end_faults`` is set), then reconnect it."""
+    end_faults = end_faults or asyncio.Event()
     if _NET is None:
         raise CliError("a partition fault needs the network namespaces of `chaos run --faults partition`")
     spec = _spec(data_dir)
@@ -353,14 +482,13 @@ async def partition_fault(data_dir: Path, fault: Fault, rec: Recorder, t0: float
     try:
         await asyncio.to_thread(netns.partition, _NET, m.name)
     except CliError as exc:
-        print(f"[{time.monotonic() - t0:6.1f}s] partition  {m.name} -- failed: {exc}", flush=True)
+        _say(f"[{time.monotonic() - t0:6.1f}s] partition  {m.name} -- failed: {exc}")
         return
-    print(f"[{time.monotonic() - t0:6.1f}s] partition  {m.name} (isolated {m.host}, hold {fault.hold_s:.1f}s)",
-          flush=True)
+    _say(f"[{time.monotonic() - t0:6.1f}s] partition  {m.name} (isolated {m.host}, hold {fault.hold_s:.1f}s)")
     rec.nemesis("partition", m.name, f"isolated {m.host} from every namespace hold_s={fault.hold_s}")
     rec.stats.faults.append(f"partition:{m.name}")
     try:
-        await asyncio.sleep(fault.hold_s)
+        await _wait_event(end_faults, fault.hold_s)
     finally:
         await asyncio.to_thread(netns.heal, _NET, m.name)
     rec.nemesis("heal", m.name, "reconnected")
@@ -413,39 +541,89 @@ async def create_topic(controller: str, partitions: int, unclean: bool) -> None:
             await asyncio.sleep(0.5)
 
 
-async def workload(args: argparse.Namespace, data_dir: Path, out: Path, plan: list[Fault]) -> dict[str, Any]:
+async def workload(args: argparse.Namespace, data_dir: Path, out: Path, plan: list[Fault],
+                   signals: cl.StopSignals | None = None) -> dict[str, Any] | None:
+    """The run: the summary, or None when a stop signal (``signals``: Ctrl-C, SIGTERM, SIGHUP) ended it early.
+    Then, in order and each step bounded: the producers and the consumer stop (a send with no outcome yet is
+    recorded ``info``), the nemesis undoes its fault, everything is healed (SIGCONT, restart what is down, as
+    at a normal end), and the history file is closed whole."""
     spec = _spec(data_dir)
     stats = Stats()
     try:
         rec = Recorder(out / "history.jsonl", stats)
     except OSError as exc:
         raise CliError(f"cannot write {out / 'history.jsonl'}: {exc.strerror or exc}") from None
+    interrupted = asyncio.Event()
+    stop = asyncio.Event()  # producers send no more, the nemesis injects no more
+    consumer_stop = asyncio.Event()
+    quit_sending = asyncio.Event()  # producers wait no longer for the outcome of their last sends
+    end_faults = asyncio.Event()  # the nemesis ends its hold now and undoes its fault
+
+    def on_interrupt() -> None:
+        for event in (interrupted, stop, consumer_stop, quit_sending):
+            event.set()
+
+    if signals is not None:  # from here on a signal sets `interrupted` instead of raising KeyboardInterrupt
+        loop = asyncio.get_running_loop()
+
+        def wake() -> None:  # called in the signal handler: schedule, do not run, the loop's work
+            loop.call_soon_threadsafe(on_interrupt)
+
+        signals.raising = False
+        signals.on_first = wake
+        if signals.signum is not None:
+            on_interrupt()
+    tasks: list[asyncio.Task[None]] = []
+    reader: asyncio.Task[int] | None = None
+    nem: asyncio.Task[None] | None = None
+    faults_healed = False
     try:
-        await create_topic(spec.controller.address, args.partitions, args.unclean)
-        await wait_full_isr(spec.controller.address, 3, 30)
-        before = {p["partition"]: p["leader_epoch"] for p in await describe(spec.controller.address)}
-        stop = asyncio.Event()
-        consumer_stop = asyncio.Event()
-        tasks = [asyncio.create_task(producer(f"p{i}", spec.bootstrap, rec, stop, args.inflight))
+        await _unless_interrupted(create_topic(spec.controller.address, args.partitions, args.unclean), interrupted)
+        await _unless_interrupted(wait_full_isr(spec.controller.address, 3, 30), interrupted)
+        before = {p["partition"]: p["leader_epoch"]
+                  for p in await _unless_interrupted(describe(spec.controller.address), interrupted)}
+        tasks = [asyncio.create_task(producer(f"p{i}", spec.bootstrap, rec, stop, args.inflight, quit_sending))
                  for i in range(args.producers)]
         reader = asyncio.create_task(consumer("c0", spec.bootstrap, rec, consumer_stop))
-        nem = asyncio.create_task(nemesis(data_dir, plan, rec, stop, args.seed))
-        await asyncio.sleep(args.duration)
+        nem = asyncio.create_task(nemesis(data_dir, plan, rec, stop, args.seed, end_faults))
+        await _wait_event(interrupted, args.duration)
         stop.set()
-        await asyncio.gather(nem, return_exceptions=True)
+        if interrupted.is_set():
+            raise _Interrupted
+        await _unless_interrupted(asyncio.wait([nem]), interrupted)  # its last fault undone
+        _retrieve([nem])
         heal(data_dir)
-        await asyncio.gather(*tasks, return_exceptions=True)
-        healed = await wait_full_isr(spec.controller.address, 3, args.heal_timeout)
-        ends = await final_offsets(spec.bootstrap)
+        faults_healed = True
+        await _unless_interrupted(asyncio.wait(tasks), interrupted)  # their sends drained (bounded in producer)
+        _retrieve(tasks)
+        healed = await _unless_interrupted(wait_full_isr(spec.controller.address, 3, args.heal_timeout), interrupted)
+        ends = await _unless_interrupted(final_offsets(spec.bootstrap), interrupted)
         consumer_stop.set()
-        stats.polled = await reader
-        stats.final_read = await consumer("final", spec.bootstrap, rec, asyncio.Event(), until=ends,
-                                          timeout_s=args.heal_timeout)
-        after = await describe(spec.controller.address)
+        stats.polled = await _unless_interrupted(asyncio.shield(reader), interrupted)
+        stats.final_read = await _unless_interrupted(
+            consumer("final", spec.bootstrap, rec, interrupted, until=ends, timeout_s=args.heal_timeout), interrupted)
+        after = await _unless_interrupted(describe(spec.controller.address), interrupted)
+    except _Interrupted:
+        return None
     finally:
-        rec.writer.close()
+        try:
+            stop.set()
+            consumer_stop.set()
+            quit_sending.set()  # after a normal end every producer is done already
+            # the workload first (producers, consumer), then the faults: the order of a normal end
+            await _finish([*tasks, *([reader] if reader else [])], 5 if interrupted.is_set() else 60)
+            end_faults.set()
+            if nem is not None:
+                await _finish([nem], 30)
+                if not faults_healed:
+                    heal(data_dir)
+        finally:
+            if signals is not None:
+                signals.on_first = None
+            rec.close()
     elections = sum(max(0, p["leader_epoch"] - before.get(p["partition"], 0)) for p in after)
     return {"seed": args.seed, "duration_s": args.duration, "faults_requested": args.faults,
+            "session_timeout_ms": args.session_timeout_ms,
             "acked": stats.acked, "failed": stats.failed, "indeterminate": stats.indeterminate,
             "errors": dict(stats.errors), "faults_injected": len(stats.faults), "faults": stats.faults,
             "elections_seen": elections, "isr_full_at_end": healed, "end_offsets": ends,
@@ -598,13 +776,37 @@ def _run_in_namespaces(args: argparse.Namespace, data_dir: Path, out: Path) -> i
                 proc.kill()
                 proc.wait()
         if (data_dir / cl.CLUSTER_FILE).exists():  # whatever the inner run left running (by recorded pid)
-            spec = cl.load(data_dir)
-            cl.stop_members(spec.brokers, timeout_s=20)
-            cl.stop_members([spec.controller], timeout_s=10)
+            cl.stop_cluster(cl.load(data_dir), timeout_s=20, controller_timeout_s=10)
         left = netns.destroy(net)
         signal.signal(signal.SIGTERM, previous)
         if left:
             print(f"warning: could not remove network namespaces {', '.join(left)}", file=sys.stderr)
+
+
+def _session_timeout_ms(args: argparse.Namespace, data_dir: Path, starting: bool, explicit: bool) -> int:
+    """The controller's broker.session.timeout.ms, which a pause must outlast to fence the paused broker: the
+    one this run starts the controller with, or, for a cluster running already, the one its cluster.json
+    records (the controller takes its settings from those flags only; its /v1/status does not show them).
+    When that cannot be told, --session-timeout-ms, with a warning that pauses may not fence."""
+    if starting:
+        return int(args.session_timeout_ms)
+    spec = cl.load(data_dir)
+    try:
+        ms = controller_config(parse_assignments(spec.controller_settings)).get_int(SESSION_TIMEOUT)
+    except ConfigError as exc:
+        print(f"warning: cannot tell the running controller's {SESSION_TIMEOUT} ({exc}); pauses hold a broker "
+              f"{args.session_timeout_ms} ms + 1-3 s, which may not outlast it: a paused broker may never be "
+              "fenced", file=sys.stderr, flush=True)
+        return int(args.session_timeout_ms)
+    if spec.exec_argv:
+        print(f"warning: the cluster in {data_dir} runs a command of its own (--exec); pauses assume its "
+              f"controller uses the {SESSION_TIMEOUT}={ms} its cluster.json records, and may not fence a broker "
+              "if it does not", file=sys.stderr, flush=True)
+    ignored = (f"; --session-timeout-ms {args.session_timeout_ms} applies only to a cluster this run starts"
+               if explicit and args.session_timeout_ms != ms else "")
+    print(f"the running controller fences a silent broker after {SESSION_TIMEOUT}={ms} (its cluster.json): "
+          f"pauses hold a broker longer{ignored}", flush=True)
+    return ms
 
 
 def run(args: argparse.Namespace) -> int:
@@ -616,6 +818,11 @@ def run(args: argparse.Namespace) -> int:
     faults = _faults(args.faults)
     if args.duration <= 0 or args.brokers < 3:
         raise CliError("--duration must be > 0 and --brokers >= 3 (the topic has RF=3)")
+    if args.duration > MAX_DURATION_S:  # the schedule is built up front: bound it before anything starts
+        raise CliError(f"--duration must be at most {MAX_DURATION_S} s (7 days), got {args.duration:g}")
+    explicit_session = args.session_timeout_ms is not None
+    if args.session_timeout_ms is None:
+        args.session_timeout_ms = DEFAULT_SESSION_TIMEOUT_MS
     for flag, value in (("--data-dir", args.data_dir), ("--out", args.out)):
         if not value.strip():
             raise CliError(f"{flag} must not be empty")
@@ -633,27 +840,59 @@ def run(args: argparse.Namespace) -> int:
         spec = _cluster_to_start(args, data_dir)
     check_out(out)
     created_out = cl.make_dirs(out, "--out")
-    try:
-        if outer:
+    if outer:
+        try:
             status = _run_in_namespaces(args, data_dir, out)
-            if status != 0:
+        except BaseException:  # the run did not start: leave no --out behind that it created
+            cl.remove_empty_dirs(out, created_out)
+            raise
+        if status != 0:
+            cl.remove_empty_dirs(out, created_out)
+        return status
+    return _run_here(args, data_dir, out, created_out, faults, spec, explicit_session)
+
+
+STOPPING_NOTE = "chaos: already stopping (workload, faults, then the cluster, each bounded); please wait"
+
+
+def _run_here(args: argparse.Namespace, data_dir: Path, out: Path, created_out: Path | None,
+              faults: tuple[str, ...], spec: cl.ClusterSpec | None, explicit_session: bool) -> int:
+    """Start the cluster (``spec``) or use the running one, run the workload, stop a cluster it started.
+    Ctrl-C, SIGTERM and SIGHUP end the run early the same way: workload stopped, faults healed, a cluster the
+    run started stopped, the history kept; exit status 128 + the signal (Ctrl-C: 130) and one line on stderr."""
+    starting = spec is not None
+    summary: dict[str, Any] | None = None
+    with cl.StopSignals(STOPPING_NOTE) as signals:
+        try:
+            try:
+                _ensure_cluster(data_dir, spec)  # interrupted, up stops what it started
+            except BaseException:  # the run did not start: leave no --out behind that it created
                 cl.remove_empty_dirs(out, created_out)
-            return status
-        started = _ensure_cluster(data_dir, spec)
-    except BaseException:  # the run did not start: leave no --out behind that it created
-        cl.remove_empty_dirs(out, created_out)
-        raise
-    brokers = [m.name for m in cl.load(data_dir).brokers]
-    plan = schedule(args.seed, args.duration, faults, brokers, session_timeout_s=args.session_timeout_ms / 1000)
-    print(f"chaos: {args.duration:.0f}s, seed {args.seed}, {len(plan)} faults planned ({', '.join(faults)})",
-          flush=True)
-    try:
-        summary = asyncio.run(workload(args, data_dir, out, plan))
-    finally:
-        if started and not args.keep_running:
-            spec = cl.load(data_dir)
-            cl.stop_members(spec.brokers, timeout_s=40)
-            cl.stop_members([spec.controller], timeout_s=10)
+                raise
+            args.session_timeout_ms = _session_timeout_ms(args, data_dir, starting, explicit_session)
+            brokers = [m.name for m in cl.load(data_dir).brokers]
+            plan = schedule(args.seed, args.duration, faults, brokers,
+                            session_timeout_s=args.session_timeout_ms / 1000)
+            _say(f"chaos: {args.duration:.0f}s, seed {args.seed}, {len(plan)} faults planned ({', '.join(faults)})")
+            summary = asyncio.run(workload(args, data_dir, out, plan, signals))
+        except KeyboardInterrupt:  # a signal before the workload ran (it handles its own): cleaned up below
+            pass
+        finally:
+            signals.raising = False  # a signal from here on only prints STOPPING_NOTE
+            if starting and not args.keep_running and (data_dir / cl.CLUSTER_FILE).exists():
+                with cl.cluster_lock(data_dir, required=False), contextlib.suppress(CliError):
+                    cl.stop_cluster(cl.load(data_dir), timeout_s=40, controller_timeout_s=10)
+        if summary is None:
+            cl.remove_empty_dirs(out, created_out)  # only if the run wrote nothing there
+            history = out / "history.jsonl"
+            kept = (f": faults healed, {{}}; history so far in {history} (no summary)" if history.exists()
+                    else " before the workload began: {}")
+            cluster = ("cluster stopped" if starting and not args.keep_running
+                       else f"cluster in {data_dir} left running")
+            with contextlib.suppress(OSError):
+                print(f"minibroker: chaos run stopped by {signals.name or 'a signal'}{kept.format(cluster)}",
+                      file=sys.stderr, flush=True)
+            return signals.exit_status
     try:
         (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     except OSError as exc:  # checked up front; only something changed during the run gets here
@@ -667,6 +906,13 @@ def run(args: argparse.Namespace) -> int:
     return 0 if summary["isr_full_at_end"] else 1
 
 
+def _duration(text: str) -> float:
+    value = positive_float("--duration")(text)
+    if value > MAX_DURATION_S:
+        raise argparse.ArgumentTypeError(f"--duration must be at most {MAX_DURATION_S} s (7 days), got {text}")
+    return value
+
+
 def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("chaos", help="fault injection with a recorded workload history",
                        description="Fault injection on a local cluster, with the workload's history recorded for "
@@ -677,8 +923,8 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
                       description="Run producers and a consumer on an RF=3 topic of a local cluster (started if "
                                   "none runs in --data-dir) while a nemesis injects faults on a seeded schedule; "
                                   "write history.jsonl and summary.json into --out.")
-    r.add_argument("--duration", type=positive_float("--duration"), default=60.0,
-                   help="seconds of workload (default 60)")
+    r.add_argument("--duration", type=_duration, default=60.0,
+                   help=f"seconds of workload, at most {MAX_DURATION_S} (7 days) (default 60)")
     r.add_argument("--data-dir", default="./minibroker-chaos",
                    help="cluster dir, started if not running (default ./minibroker-chaos)")
     r.add_argument("--out", default="./minibroker-chaos-out",
@@ -695,8 +941,10 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
                    help="unacknowledged sends per producer (default 64)")
     r.add_argument("--base-port", type=port("--base-port"), default=19190,
                    help="controller port of a cluster this run starts; broker i listens on base+i (default 19190)")
-    r.add_argument("--session-timeout-ms", type=positive("--session-timeout-ms"), default=6_000,
-                   help="controller's broker.session.timeout.ms (default 6000)")
+    r.add_argument("--session-timeout-ms", type=positive("--session-timeout-ms"), default=None,
+                   help=f"broker.session.timeout.ms of the controller of a cluster this run starts (default "
+                        f"{DEFAULT_SESSION_TIMEOUT_MS}); with a running cluster, the one its cluster.json "
+                        "records is used. Pauses hold a broker 1-3 s longer, so that it is fenced")
     r.add_argument("--heal-timeout", type=positive_float("--heal-timeout"), default=90.0,
                    help="seconds to wait for full ISRs at the end (default 90)")
     r.add_argument("--unclean", action="store_true", help="topic with unclean.leader.election.enable=true")

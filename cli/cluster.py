@@ -11,6 +11,8 @@ shows the member's data dir, so a recycled pid is never hit.
 Layout of ``<data-dir>``::
 
     cluster.json             members, ports, pids, commands (rewritten via temp file + rename)
+    .lock                    held (flock) by up, start, kill, down and chaos restarts around
+                             reading cluster.json, starting or signalling members, and saving it
     controller/, controller.log
     broker-<i>/, broker-<i>.log
 """
@@ -28,8 +30,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -93,7 +97,7 @@ class ClusterSpec:
         """``controller``, ``broker-2`` or ``2``."""
         key = ident.strip()
         for m in self.members:
-            if key in (m.name, str(m.node_id)):
+            if key == m.name or (m.node_id is not None and key == str(m.node_id)):  # the controller has no id
                 return m
         names = ", ".join(["controller", *(str(m.node_id) for m in self.brokers)])
         raise CliError(f"no cluster member {ident!r} (known: {names})")
@@ -168,9 +172,17 @@ def save(spec: ClusterSpec) -> None:
            "settings": list(spec.settings), "controller_settings": list(spec.controller_settings),
            "exec": list(spec.exec_argv), "controller": spec.controller.address, "bootstrap": spec.bootstrap,
            "members": [{**asdict(m), "address": m.address, "command": command(spec, m)} for m in spec.members]}
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)
+    # a temp name of its own: two writers never share (or rename away) one temp file
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{CLUSTER_FILE}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o644)
+            f.write(json.dumps(doc, indent=2) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def load(data_dir: Path) -> ClusterSpec:
@@ -361,6 +373,169 @@ def stop_members(members: Sequence[Member], timeout_s: float = 20.0) -> list[str
     return [m.name for m in running]
 
 
+def stop_cluster(spec: ClusterSpec, timeout_s: float = 40.0, controller_timeout_s: float | None = None) -> list[str]:
+    """Stop every member of ``spec``: the brokers first, then the controller, as Kafka's docs advise (a
+    broker's controlled shutdown asks the controller to move its leaderships away: with the controller gone it
+    fails, connection refused). The brokers get ``timeout_s``, the controller ``controller_timeout_s`` (default
+    the same) before SIGKILL; returns the names that needed SIGKILL. Every command that stops a whole cluster
+    (``down``, Ctrl-C on ``up``, a failed ``up``, ``demo``, ``chaos run``) stops it through here."""
+    killed = stop_members(spec.brokers, timeout_s=timeout_s)
+    killed += stop_members([spec.controller], timeout_s=timeout_s if controller_timeout_s is None
+                           else controller_timeout_s)
+    return killed
+
+
+# -- the cluster lock and signals ------------------------------------------------------------------
+
+LOCK_WAIT_S = 30.0
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    own = os.fstat(fd)
+    return (own.st_dev, own.st_ino) == (st.st_dev, st.st_ino)
+
+
+@contextlib.contextmanager
+def cluster_lock(data_dir: Path, wait_s: float = LOCK_WAIT_S, required: bool = True) -> Iterator[None]:
+    """Hold ``<data-dir>/.lock`` (``common.fsutil.lock_dir``: flock, exclusive) around a read-modify-write of
+    cluster.json and the processes it records (``up``, ``start``, ``kill``, ``down``, chaos restarts), so two
+    commands never start one member twice or lose a recorded pid. Waits up to ``wait_s`` for another holder;
+    then ``CliError``, or, unless ``required``, goes on without the lock (a stop that must happen anyway). No
+    lock when ``data_dir`` is not a directory: ``load`` then says what is wrong."""
+    if not data_dir.is_dir():
+        yield
+        return
+    lock_path = data_dir / fsutil.LOCK_NAME
+    deadline = time.monotonic() + wait_s
+    fd: int | None = None
+    while fd is None:
+        try:
+            fd = fsutil.lock_dir(data_dir, "minibroker cluster")
+        except fsutil.DirLockedError:
+            pass
+        except OSError as exc:
+            if required:
+                raise CliError(f"cannot lock {lock_path}: {exc.strerror or exc}") from None
+            break
+        if fd is not None and not _same_file(fd, lock_path):
+            os.close(fd)  # removed by a failed `up` that had created it, while we waited: lock the new one
+            fd = None
+        if fd is None:
+            if time.monotonic() >= deadline:
+                if required:
+                    raise CliError(f"{data_dir} is in use by another minibroker command (it holds {lock_path}: "
+                                   "a `cluster up` still starting, or a `cluster down` still stopping?); "
+                                   "try again", status=1)
+                break
+            time.sleep(0.05)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _note(text: str) -> None:
+    """A line on stderr from a signal handler: ``os.write``, as ``print`` there may be a reentrant call."""
+    with contextlib.suppress(OSError):
+        os.write(2, (text + "\n").encode())
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def deferred_signals(note: str | None = None) -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGHUP while a few steps that must not be cut in two run (start a member and
+    record its pid; stop what a command started); when they are done the first one held is passed on, once,
+    to the handler that was in place (Ctrl-C's: ``KeyboardInterrupt``). ``note`` is printed for every further
+    one. Not ``pthread_sigmask``: the processes started meanwhile would inherit the mask and never see
+    SIGTERM."""
+    if not _main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, _frame: Any) -> None:
+        if held and note:
+            _note(note)
+        held.append(signum)
+
+    previous = {s: signal.signal(s, hold) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        if held:
+            signal.raise_signal(held[0])  # to the handler in place again; runs before raise_signal returns
+
+
+class StopSignals:
+    """A context manager for a command that starts processes (``cluster up``, ``chaos run``, ``demo``): SIGINT
+    (Ctrl-C), SIGTERM and SIGHUP all mean "stop, and stop what you started". The first one is recorded in
+    ``signum`` (and ``on_first`` called) and, while ``raising`` is on, raised as ``KeyboardInterrupt``; with
+    it off the command looks at ``signum`` itself. Every later one only prints ``note``: the cleanup the first
+    one began runs to its (bounded) end rather than being cut short, and no traceback shows. A signal that is
+    ignored when the command starts (SIGHUP under ``nohup``) stays ignored."""
+
+    def __init__(self, note: str) -> None:
+        self.note = note
+        self.signum: int | None = None
+        self.raising = True
+        self.on_first: Callable[[], None] | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if _main_thread():
+            for s in STOP_SIGNALS:
+                if signal.getsignal(s) is not signal.SIG_IGN:
+                    self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if self.signum is not None:
+            _note(self.note)
+            return
+        self.signum = signum
+        if self.on_first is not None:
+            self.on_first()
+        if self.raising:
+            raise KeyboardInterrupt
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else ""
+
+    @property
+    def exit_status(self) -> int:
+        """128 + the signal's number, as a shell reports a command a signal ended (Ctrl-C: 130)."""
+        return 128 + (self.signum or signal.SIGINT)
+
+
+def start_member(spec: ClusterSpec, m: Member) -> ClusterSpec:
+    """Start ``m`` and record its pid in cluster.json: a Ctrl-C (or SIGTERM) meanwhile is handled only once
+    the pid is recorded, so that no member runs that nothing knows of (if it raises then, cluster.json has
+    the pid; ``up``, which must stop what it started, does the same inline). Call it holding ``cluster_lock``."""
+    with deferred_signals():
+        spec = spec.with_member(spawn(spec, m))
+        save(spec)
+    return spec
+
+
 def tail(path: str, lines: int = 5, start: int = 0) -> str:
     """The last ``lines`` lines of ``path`` written after byte ``start``."""
     try:
@@ -468,26 +643,46 @@ def preflight(spec: ClusterSpec) -> None:
 
 
 def up(spec: ClusterSpec, timeout_s: float) -> ClusterSpec:
-    """Start every member and wait for registration; stops what it started if that fails, and if a member
-    could not even be started, also removes the files and directories this call created."""
+    """Start every member and wait for registration; stops what it started if that fails (or a signal
+    arrives: Ctrl-C raises ``KeyboardInterrupt`` here), and if a member could not even be started, also
+    removes the files and directories this call created. Holds the cluster lock throughout, so a second
+    ``up`` on the same directory waits, then finds this one's cluster running."""
     preflight(spec)
     root = Path(spec.data_dir)
+    lock_path = root / fsutil.LOCK_NAME
+    had_lock_file = lock_path.exists()
     created_root = make_dirs(root, "--data-dir")
-    existing = {p for m in spec.members for p in (Path(m.data_dir), Path(m.log)) if p.exists()}
-    had_cluster_file = (root / CLUSTER_FILE).exists()
-    all_started = False
-    try:
-        for m in spec.members:
-            spec = spec.with_member(spawn(spec, m))
-            save(spec)
-        all_started = True
-        asyncio.run(wait_registered(spec, timeout_s))
-    except BaseException:
-        stop_members(spec.members, timeout_s=5)
-        if not all_started:
-            _remove_created(spec, created_root, existing, had_cluster_file)
-        # else the logs stay: the error shows their last lines or points at them
-        raise
+    with contextlib.ExitStack() as held:
+        locked = False
+        try:
+            held.enter_context(cluster_lock(root))
+            locked = True
+            preflight(spec)  # again, under the lock: another `up` may have started a cluster here meanwhile
+        except BaseException:
+            if locked and not had_lock_file:
+                with contextlib.suppress(OSError):
+                    lock_path.unlink()  # ours; one waiting for it sees the change (cluster_lock) and retries
+            remove_empty_dirs(root, created_root)
+            raise
+        existing = {p for m in spec.members for p in (Path(m.data_dir), Path(m.log)) if p.exists()}
+        if had_lock_file:
+            existing.add(lock_path)
+        had_cluster_file = (root / CLUSTER_FILE).exists()
+        all_started = False
+        try:
+            for m in spec.members:
+                with deferred_signals():  # a Ctrl-C between fork and here would leave a member nobody knows of
+                    spec = spec.with_member(spawn(spec, m))
+                    save(spec)
+            all_started = True
+            asyncio.run(wait_registered(spec, timeout_s))
+        except BaseException:
+            with deferred_signals():  # another Ctrl-C does not cut the cleanup short
+                stop_cluster(spec, timeout_s=5)
+                if not all_started:
+                    _remove_created(spec, created_root, existing, had_cluster_file)
+                # else the logs stay: the error shows their last lines or points at them
+            raise
     return spec
 
 
@@ -500,6 +695,7 @@ def _remove_created(spec: ClusterSpec, created_root: Path | None, existing: set[
     paths = [p for m in spec.members for p in (Path(m.data_dir), Path(m.log))]
     if not had_cluster_file:
         paths.append(Path(spec.data_dir) / CLUSTER_FILE)
+    paths.append(Path(spec.data_dir) / fsutil.LOCK_NAME)
     for p in paths:
         if p in existing:
             continue
@@ -534,40 +730,52 @@ def _exec_argv(text: str | None) -> list[str]:
     return argv
 
 
+STOPPING_NOTE = "minibroker: already stopping the cluster (SIGKILL after a bounded wait); please wait"
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     spec = plan(_data_dir(args), args.brokers, args.base_port, settings=args.set or (),
                 controller_settings=args.controller_set or (), exec_argv=_exec_argv(args.exec))
     preflight(spec)  # bad input fails in one line, before the announcement (up checks again)
     print(f"starting controller on {spec.controller.address} and {len(spec.brokers)} brokers "
           f"({spec.bootstrap}); data and logs in {spec.data_dir}", file=sys.stderr)
-    spec = up(spec, args.timeout)
-    try:
-        print(f"cluster up: controller {spec.controller.address}, bootstrap {spec.bootstrap}", file=sys.stderr)
-        if args.detach:
-            print(f"export MINIBROKER_BOOTSTRAP={spec.bootstrap} MINIBROKER_CONTROLLER={spec.controller.address}")
-            return 0
-        return _foreground(spec)
-    except KeyboardInterrupt:  # before _foreground took over: still stop what we started
-        stop_members(list(reversed(spec.members)))
-        return 0
+    # Ctrl-C, SIGTERM and SIGHUP alike: while starting, up stops what it started (exit 130); in the
+    # foreground, the cluster is stopped (exit 0)
+    with StopSignals(STOPPING_NOTE) as signals:
+        try:
+            spec = up(spec, args.timeout)
+        except KeyboardInterrupt:  # up stopped what it had started
+            print(f"minibroker: {signals.name or 'SIGINT'} while starting the cluster: stopped what had started",
+                  file=sys.stderr)
+            return signals.exit_status
+        try:
+            signals.raising = False  # from here on the code below looks at signals.signum itself
+            if signals.signum is None:
+                print(f"cluster up: controller {spec.controller.address}, bootstrap {spec.bootstrap}",
+                      file=sys.stderr)
+                if args.detach:
+                    print(f"export MINIBROKER_BOOTSTRAP={spec.bootstrap} "
+                          f"MINIBROKER_CONTROLLER={spec.controller.address}")
+                    return 0
+                _stream_logs(spec, signals)
+        except KeyboardInterrupt:  # a signal after up returned, before `raising` was off: stop all the same
+            pass
+        except OSError:  # stdout or stderr gone (a closed pipe or terminal): stop the cluster all the same
+            if args.detach:
+                raise
+        _stop_what_up_started(spec)
+    return 0
 
 
-def _foreground(spec: ClusterSpec) -> int:
-    """Stream every member's log, prefixed by its name, until Ctrl-C (or SIGTERM); then stop everything."""
-    stop = False
-
-    def on_term(_sig: int, _frame: Any) -> None:
-        nonlocal stop
-        stop = True
-
-    previous = signal.signal(signal.SIGTERM, on_term)
+def _stream_logs(spec: ClusterSpec, signals: StopSignals) -> None:
+    """Stream every member's log, prefixed by its name, until a stop signal (Ctrl-C, SIGTERM, SIGHUP)."""
     files: dict[str, Any] = {}
     try:
         for m in spec.members:
             files[m.name] = open(m.log, "rb")  # noqa: SIM115 - closed in finally
             files[m.name].seek(_LOG_START.get(m.log, 0))  # this run's lines, not earlier runs'
         print("streaming logs; Ctrl-C stops the cluster", file=sys.stderr, flush=True)
-        while not stop:
+        while signals.signum is None:
             quiet = True
             for name, f in files.items():
                 for line in f.readlines(1 << 16):
@@ -577,16 +785,21 @@ def _foreground(spec: ClusterSpec) -> int:
             reap()
             if quiet:
                 time.sleep(0.2)
-    except KeyboardInterrupt:
-        pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
         for f in files.values():
             f.close()
-        print("stopping the cluster", file=sys.stderr)
-        current = load(Path(spec.data_dir))
-        stop_members(list(reversed(current.members)))
-    return 0
+
+
+def _stop_what_up_started(spec: ClusterSpec) -> None:
+    """The stop of a foreground ``cluster up``: every member cluster.json records now (one ``cluster start``
+    may have replaced), brokers first (``stop_cluster``)."""
+    with contextlib.suppress(OSError):
+        print("stopping the cluster", file=sys.stderr, flush=True)
+    root = Path(spec.data_dir)
+    with cluster_lock(root, required=False):  # StopSignals (cmd_up) keeps a second Ctrl-C from cutting it short
+        with contextlib.suppress(CliError):
+            spec = load(root)
+        stop_cluster(spec)
 
 
 def member_status(spec: ClusterSpec) -> list[dict[str, Any]]:
@@ -659,39 +872,43 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    spec = load(_data_dir(args))
+    data_dir = _data_dir(args)
+    with cluster_lock(data_dir):  # no `cluster start` in between: what it started would be missed
+        return _down(load(data_dir), args.timeout)
+
+
+def _down(spec: ClusterSpec, timeout_s: float) -> int:
     # Brokers first (their controlled shutdown needs the controller), then the controller, as Kafka's docs
     # advise. When every broker stops at once leadership has nowhere to go, so a broker may wait out
     # controlled.shutdown.max.wait.ms (30 s) before exiting: the default --timeout leaves room for that.
     if any(is_running(m) for m in spec.brokers):
-        print(f"stopping {len(spec.brokers)} brokers (controlled shutdown; up to {args.timeout:.0f} s), "
+        print(f"stopping {len(spec.brokers)} brokers (controlled shutdown; up to {timeout_s:.0f} s), "
               "then the controller", file=sys.stderr)
-    brokers_killed = stop_members(spec.brokers, timeout_s=args.timeout)
-    controller_killed = stop_members([spec.controller], timeout_s=args.timeout)
-    forced = brokers_killed + controller_killed
+    forced = stop_cluster(spec, timeout_s=timeout_s)
     print(f"cluster in {spec.data_dir} stopped" + (f" (SIGKILL needed for {', '.join(forced)})" if forced else ""))
     return 0
 
 
 def cmd_kill(args: argparse.Namespace) -> int:
-    spec = load(_data_dir(args))
-    m = spec.member(args.id)
+    data_dir = _data_dir(args)
     sig = SIGNALS[args.signal.upper()]
-    if not send_signal(m, sig):
-        raise CliError(f"{m.name} is not running")
+    with cluster_lock(data_dir):  # the pid recorded is the member's: no `cluster start` replacing it meanwhile
+        m = load(data_dir).member(args.id)
+        if not send_signal(m, sig):
+            raise CliError(f"{m.name} is not running")
     print(f"sent SIG{args.signal.upper()} to {m.name} (pid {m.pid})")
     return 0
 
 
 def cmd_start(args: argparse.Namespace) -> int:
     data_dir = _data_dir(args)
-    spec = load(data_dir)
-    m = spec.member(args.id)
-    if is_running(m):
-        raise CliError(f"{m.name} is already running (pid {m.pid})")
-    m = spawn(spec, m)
-    spec = spec.with_member(m)
-    save(spec)
+    with cluster_lock(data_dir):  # load, start, save: a concurrent `cluster start` of another member waits
+        spec = load(data_dir)
+        m = spec.member(args.id)
+        if is_running(m):
+            raise CliError(f"{m.name} is already running (pid {m.pid})")
+        spec = start_member(spec, m)
+        m = spec.member(m.name)
     if m.kind == "broker" and args.wait:
         asyncio.run(wait_registered(replace(spec, members=(spec.controller, m)), args.timeout))
     elif args.wait:
@@ -713,7 +930,8 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     q = cs.add_parser("up", help="start a controller and N brokers",
                       description="Start a controller on --base-port and --brokers brokers on the ports after it, "
                                   "wait until every broker is registered, then stream the logs until Ctrl-C "
-                                  "stops the cluster (with --detach: return and leave it running).")
+                                  "(or SIGTERM, or SIGHUP) stops the cluster, brokers first (with --detach: "
+                                  "return and leave it running). A signal while it starts stops what it started.")
     data_dir_arg(q)
     q.add_argument("--brokers", type=positive("--brokers"), default=3, help="number of brokers (default 3)")
     q.add_argument("--base-port", type=port("--base-port"), default=DEFAULT_BASE_PORT,

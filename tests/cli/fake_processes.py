@@ -18,6 +18,9 @@ from aiohttp import ClientSession, ClientTimeout, web
 from common.wire import CONTENT_TYPE, decode_body, encode
 
 START_DELAY_ENV = "MINIBROKER_FAKE_BROKER_START_DELAY_S"
+# set: on SIGTERM the stand-in broker does a "controlled shutdown" (waits this long, as a real one moving its
+# leaderships away, then asks the controller) and prints whether the controller answered
+SHUTDOWN_ENV = "MINIBROKER_FAKE_BROKER_SHUTDOWN_S"
 
 
 def write_files(data_dir: str, address: str) -> None:
@@ -88,6 +91,14 @@ async def broker(args: argparse.Namespace, stop: asyncio.Event) -> None:
                 pass
             await asyncio.sleep(0.1)
     await stop.wait()
+    if SHUTDOWN_ENV in os.environ:
+        await asyncio.sleep(float(os.environ[SHUTDOWN_ENV]))
+        try:
+            async with ClientSession(timeout=ClientTimeout(total=2)) as session, \
+                    session.get(f"http://{args.controller}/v1/status") as resp:
+                print(f"controlled shutdown: controller answered {resp.status}", flush=True)
+        except Exception as exc:  # refused (ClientConnectorError) or no answer (TimeoutError)
+            print(f"controlled shutdown failed: controller unreachable ({exc})", flush=True)
     await runner.cleanup()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import random
 import shlex
 import signal
@@ -68,3 +69,29 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
         if isinstance(action, argparse._SubParsersAction):
             return dict(action.choices)
     return {}
+
+
+def member_pids(data_dir: Path) -> list[int]:
+    """Pids of every process on this machine whose command line names a directory inside ``data_dir``: the
+    members of a cluster there, recorded in its cluster.json or not (the commands themselves name ``data_dir``
+    only)."""
+    prefix = f"{data_dir}/".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.startswith(prefix) for a in argv):
+            pids.append(int(entry.name))
+    return pids
+
+
+def kill_pids(pids: list[int]) -> None:
+    """Last-resort cleanup of processes a test started (found by ``member_pids``): SIGCONT, then SIGKILL."""
+    for pid in pids:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
