@@ -211,8 +211,9 @@ async def _perf(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
                              "mb_s": args.requests * len(body) / seconds / 1e6, "cpu_us": cpu_us,
                              "faults": (faults1 - faults0) / args.requests, "client_us": client_us})
     finally:
-        stop_process(broker)
-        stop_process(bare)
+        # off the event loop: it serves the stub controller the broker's controlled shutdown talks to
+        await asyncio.to_thread(stop_process, broker)
+        await asyncio.to_thread(stop_process, bare)
         await stub.cleanup()
     return rows
 

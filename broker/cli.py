@@ -63,6 +63,7 @@ def _run_broker(args: argparse.Namespace) -> int:
     from common.fsutil import DirLockedError, lock_dir
     from common.logging import configure, get_logger
     from common.memory import MMAP_THRESHOLD, TRIM_THRESHOLD, keep_large_buffers
+    from storage.log import StorageError
 
     # Errors are printed here rather than raised as cli.main.CliError: under ``python -m cli.main`` that
     # module runs as __main__, so its CliError class is not the one an import of cli.main would give us.
@@ -81,7 +82,7 @@ def _run_broker(args: argparse.Namespace) -> int:
         get_logger("broker").info("allocator_thresholds", node_id=args.node_id, fixed=tuned,
                                   mmap_threshold=MMAP_THRESHOLD, trim_threshold=TRIM_THRESHOLD)
         return int(asyncio.run(run(opts)))
-    except (DataDirError, DirLockedError) as exc:
+    except (DataDirError, DirLockedError, StorageError) as exc:  # StorageError names its file or partition dir
         return _fail(str(exc))
     except OSError as exc:
         return _fail(f"broker: {exc}")

@@ -10,7 +10,6 @@ keeps retrying, bounded per attempt by ``replica.socket.timeout.ms``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +26,7 @@ from common.wire import TopicPartition
 log = get_logger("broker")
 
 RETRY_BACKOFF_S = 0.2
+MAX_RETRY_BACKOFF_S = 2.0  # the loop's backoff after unexpected errors, and controlled shutdown's, doubles to this
 SHUTDOWN_CALL_TIMEOUT_MS = 5_000  # one unanswered controlled-shutdown call: give up and stop anyway
 
 
@@ -57,17 +57,33 @@ class ControllerLink:
         self._closed = True
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await self._task
+            except asyncio.CancelledError:
+                pass
+            except Exception as exc:  # _run guards itself; whatever still got out must not fail the stop
+                log.exception("controller_link_failed", broker_id=self._rm.broker_id, error=str(exc))
         await self._rpc.close()
 
     async def _run(self) -> None:
+        """Register, then heartbeat, until closed. An error no call expected (a bug, an answer of the wrong
+        shape) is logged and the loop goes on after a backoff: without this task the broker would never
+        register again, nor tell the controller it is alive."""
         interval_s = self._config.get_int("broker.heartbeat.interval.ms") / 1000
+        failures = 0
         while not self._closed:
-            if self._rm.broker_epoch < 0:
-                await self._register()
-            else:
-                await self._heartbeat(self._want_shutdown)
+            try:
+                if self._rm.broker_epoch < 0:
+                    await self._register()
+                else:
+                    await self._heartbeat(self._want_shutdown)
+                failures = 0
+            except Exception as exc:
+                failures += 1
+                log.exception("controller_link_error", broker_id=self._rm.broker_id, controller=self._controller,
+                              error=str(exc), failures=failures)
+                await asyncio.sleep(_backoff_s(failures))
+                continue
             await asyncio.sleep(interval_s if self._rm.broker_epoch >= 0 else RETRY_BACKOFF_S * 5)
 
     def _liveness_timeout_s(self) -> float:
@@ -155,27 +171,48 @@ class ControllerLink:
         return ProducerIdBlock(start, length)
 
     async def controlled_shutdown(self) -> bool:
-        """Ask the controller to move leadership away; bounded by controlled.shutdown.max.wait.ms."""
+        """Ask the controller to move leadership away; bounded by controlled.shutdown.max.wait.ms.
+
+        A failed call (no answer, an error status, an undecodable answer) is retried with a doubling
+        backoff until the deadline, as Kafka's controlled.shutdown.max.retries with its backoff (and KRaft's
+        broker, which keeps heartbeating with wantShutDown): one lost answer must not cost the cluster
+        an unclean leader move."""
         if self._rm.broker_epoch < 0 or not self._config.get_bool("controlled.shutdown.enable"):
             return False
         self._want_shutdown = True
         deadline = self._clock.monotonic_ms() + self._config.get_int("controlled.shutdown.max.wait.ms")
         body = {"node_id": self._rm.broker_id, "broker_epoch": self._rm.broker_epoch}
+        failures = 0
         while self._clock.monotonic_ms() < deadline:
             remaining_ms = deadline - self._clock.monotonic_ms()
             try:
                 resp = await self._rpc.call(self._controller, "controlled_shutdown", body,
                                             timeout_s=max(0.1, min(remaining_ms, SHUTDOWN_CALL_TIMEOUT_MS) / 1000))
             except RpcError as exc:
-                log.warning("controlled_shutdown_failed", broker_id=self._rm.broker_id, error=str(exc))
-                return False
+                failures += 1
+                log.warning("controlled_shutdown_failed", broker_id=self._rm.broker_id, error=str(exc),
+                            attempt=failures)
+                await self._sleep_until(deadline, _backoff_s(failures))
+                continue
+            failures = 0
             remaining = resp.get("remaining_partitions") or []
             if _int(resp, "error") == 0 and not remaining:
                 log.info("controlled_shutdown_done", broker_id=self._rm.broker_id)
                 return True
-            await asyncio.sleep(RETRY_BACKOFF_S)
+            await self._sleep_until(deadline, RETRY_BACKOFF_S)
         log.warning("controlled_shutdown_timed_out", broker_id=self._rm.broker_id)
         return False
+
+    async def _sleep_until(self, deadline_ms: int, delay_s: float) -> None:
+        """Sleep ``delay_s``, but not past ``deadline_ms``."""
+        left_s = (deadline_ms - self._clock.monotonic_ms()) / 1000
+        if left_s > 0:
+            await asyncio.sleep(min(delay_s, left_s))
+
+
+def _backoff_s(failures: int) -> float:
+    """RETRY_BACKOFF_S after the first failure in a row, doubling up to MAX_RETRY_BACKOFF_S."""
+    return float(min(MAX_RETRY_BACKOFF_S, RETRY_BACKOFF_S * 2 ** min(failures - 1, 10)))
 
 
 def _int(obj: dict[str, Any], name: str, default: int = -1) -> int:

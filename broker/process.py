@@ -6,14 +6,29 @@ register with the controller. The broker starts with no leadership.
 
 SIGTERM/SIGINT: controlled shutdown (bounded), stop heartbeats, answer every
 waiting request (retriable error), stop accepting and finish in-flight
-requests, stop fetchers, write checkpoints, close logs; exit status 0.
+requests, stop fetchers, write checkpoints, close logs; exit status 0. Each
+step runs even if one before it failed (logged once).
+
+Data dir failure (Kafka's LogDirFailureChannel and ``Exit.halt``): the first
+I/O error on the data dir (any log operation, a checkpoint file, the epoch
+checkpoint of a LeaderAndIsr, the periodic flush) makes the broker log one
+``log_dir_failed`` line at level critical, naming the dir and the error, and
+halt at once (``os._exit(1)``): no controlled shutdown, no more answers. A
+broker has one data dir, so none is left online (Kafka halts then too): the
+controller fences it after the session timeout and elects a leader from the
+healthy ISR, which a broken leader can no longer shrink to itself. Late in a
+shutdown (requests no longer served) the halt waits until the logs are closed
+(see ``_dir_failed``). The halt is ``BrokerProcess(on_dir_failure=...)``;
+in-process tests pass their own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +59,19 @@ DEFAULT_CLUSTER_ID = "minibroker"
 
 class DataDirError(Exception):
     """The data dir cannot be used by this node (one readable line)."""
+
+
+DIR_FAILURE_EXIT_STATUS = 1
+DirFailureHandler = Callable[[Path, str], None]
+
+
+def halt(data_dir: Path, error: str) -> None:
+    """The broker process's answer to a failed data dir, once ``log_dir_failed`` is logged: Kafka's
+    ``Exit.halt(1)``. No controlled shutdown and no clean-up: nothing more is written to a failing dir,
+    and every request in flight is dropped (clients retry elsewhere)."""
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(DIR_FAILURE_EXIT_STATUS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,13 +129,17 @@ def check_meta(data_dir: Path, node_id: int) -> str:
         if owner_id != node_id:
             raise DataDirError(f"data dir {data_dir} belongs to node.id={owner}, not {node_id}")
         cluster_id = props.get("cluster.id", cluster_id)
-    write_atomic(path, f"version=1\nnode.id={node_id}\ncluster.id={cluster_id}\n")
+    try:
+        write_atomic(path, f"version=1\nnode.id={node_id}\ncluster.id={cluster_id}\n")
+    except OSError as exc:  # write_atomic removed its temp file
+        raise DataDirError(f"cannot write {path}: {exc.strerror or exc}") from None
     return cluster_id
 
 
 class BrokerProcess:
     def __init__(self, opts: BrokerOptions, clock: Clock | None = None,
-                 log_manager_factory: Callable[[Path, Config, Clock], Any] | None = None) -> None:
+                 log_manager_factory: Callable[[Path, Config, Clock], Any] | None = None,
+                 on_dir_failure: DirFailureHandler | None = None) -> None:
         self.opts = opts
         self._log_manager_factory = log_manager_factory
         self.clock = clock or SystemClock()
@@ -116,6 +148,10 @@ class BrokerProcess:
         self._runner: web.ServerRunner | None = None
         self._lock_fd: int | None = None
         self.address = ""
+        self._on_dir_failure = on_dir_failure or halt  # called once, with (data dir, error)
+        self.dir_failure: tuple[Path, str] | None = None  # the data dir's first I/O failure
+        self._stopping = False
+        self._halt_after_stop = False
 
     async def start(self) -> None:
         o = self.opts
@@ -143,8 +179,14 @@ class BrokerProcess:
         if factory is None:
             from storage.log_manager import LogManager
             factory = LogManager
+        from storage.log import StorageError
+
         log_manager = factory(o.data_dir, o.config, self.clock)
-        await log_manager.load()
+        log_manager.on_dir_failure = self._dir_failed
+        try:
+            await log_manager.load()
+        except StorageError as exc:  # names the partition dir and the error: one line, as Kafka's fatal
+            raise DataDirError(f"cannot load the logs: {exc}") from None
         rm = ReplicaManager(o.node_id, o.config, self.clock, log_manager, MetadataCache(cluster_id),
                             BrokerMetrics())
         rm.fetcher = ReplicaFetcherManager(rm, o.config, self.clock, registry=rm.metrics.registry)
@@ -172,21 +214,55 @@ class BrokerProcess:
         log.info("broker_started", broker_id=o.node_id, endpoint=f"{o.listen_host}:{port}", advertised=self.address,
                  data_dir=str(o.data_dir), controller=o.controller)
 
+    def _dir_failed(self, data_dir: Path, error: str) -> None:
+        """The data dir failed (the ``LogManager`` reports its first I/O error): log it, then halt.
+
+        Once ``stop`` has stopped serving requests (the last part of a shutdown: fetchers, checkpoints,
+        closing the logs) the halt waits until ``stop`` has closed what it can. That keeps data safest
+        there: no request is served any more and leadership has been handed off, so nothing new is
+        accepted; what is left is fsyncing the other logs' unflushed appends (acknowledged with acks=1, or
+        by every replica of a partition) and writing their recovery points. A log whose own I/O failed is
+        not flushed again and keeps its older recovery point (recovery re-validates it at the next start),
+        so going on cannot make anything on disk look more durable than it is. Before that point (also
+        during the controlled shutdown, while this broker may still lead) it halts at once, as Kafka."""
+        if self.dir_failure is not None:
+            return
+        self.dir_failure = (data_dir, error)
+        log.critical("log_dir_failed", broker_id=self.opts.node_id, data_dir=str(data_dir), error=error,
+                     action="exit after closing the logs" if self._stopping else "halt",
+                     message=f"halting the broker: its only log dir {data_dir} has failed")
+        if self._stopping:
+            self._halt_after_stop = True
+            return
+        self._on_dir_failure(data_dir, error)
+
     async def stop(self) -> None:
+        """Stop (see the module doc); every step runs even if an earlier one failed. A data dir failure
+        after the HTTP server stopped ends the stop with the halt (non-zero exit) once the logs are closed."""
         rm = self.rm
         if rm is not None and rm.producer_ids is not None:
-            await rm.producer_ids.close()
+            await self._step("producer_ids_close", rm.producer_ids.close)
         if self.link is not None:
-            await self.link.controlled_shutdown()
-            await self.link.close()
+            await self._step("controlled_shutdown", self.link.controlled_shutdown)
+            await self._step("controller_link_close", self.link.close)
         if rm is not None:
             rm.stop_waiting()
         if self._runner is not None:
-            await self._runner.cleanup()
+            await self._step("http_server_close", self._runner.cleanup)
+        self._stopping = True  # no request is served from here on: a dir failure halts after the logs close
         if rm is not None:
-            await rm.shutdown()
+            await self._step("replica_manager_shutdown", rm.shutdown)
             log.info("broker_stopped", broker_id=self.opts.node_id)
         self._unlock()
+        if self._halt_after_stop and self.dir_failure is not None:
+            self._halt_after_stop = False
+            self._on_dir_failure(*self.dir_failure)
+
+    async def _step(self, name: str, step: Callable[[], Any]) -> None:
+        try:
+            await step()
+        except Exception as exc:
+            log.exception("shutdown_step_failed", broker_id=self.opts.node_id, step=name, error=str(exc))
 
 
 async def run(opts: BrokerOptions) -> int:

@@ -92,6 +92,7 @@ class ReplicaManager:
         self.producer_ids: ProducerIdManager | None = None  # init_producer_id; set by the broker process
         self._state_lock = asyncio.Lock()
         self._restored_hws: dict[TopicPartition, int] = {}
+        self._hws_loaded = False  # start() read the HW checkpoint: only then may it be rewritten
         self._isr_backoff_until: dict[TopicPartition, int] = {}
         self._fetching: set[TopicPartition] = set()  # partitions handed to the fetcher manager
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -149,6 +150,7 @@ class ReplicaManager:
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         self._restored_hws = self.log_manager.read_high_watermarks()
+        self._hws_loaded = True
         lag_ms = self.config.get_int("replica.lag.time.max.ms")
         self._loops.append(asyncio.create_task(self._every(max(1, lag_ms // 2), self.maybe_shrink_isr)))
         ckpt_ms = self.config.get_int("replica.high.watermark.checkpoint.interval.ms")
@@ -161,6 +163,8 @@ class ReplicaManager:
                 result = step()
                 if result is not None:
                     await result
+            except MinibrokerError as exc:  # StorageError: the data dir's failure, reported (and halting) already
+                log.warning("periodic_task_failed", broker_id=self.broker_id, error=str(exc))
             except Exception:
                 log.exception("periodic_task_failed", broker_id=self.broker_id)
 
@@ -183,8 +187,17 @@ class ReplicaManager:
             await self.fetcher.shutdown()
         for t in list(self._tasks):
             t.cancel()
-        await self.checkpoint_high_watermarks()
-        await self.log_manager.close()
+        # Each step goes on past a failure of the one before: a HW checkpoint that cannot be written (a full
+        # disk) must not leave the logs unflushed and unclosed. A storage failure is the data dir's, already
+        # reported (the broker exits non-zero once the logs are closed: BrokerProcess.stop).
+        try:
+            await self.checkpoint_high_watermarks()
+        except Exception as exc:
+            log.warning("hw_checkpoint_not_written", broker_id=self.broker_id, error=str(exc))
+        try:
+            await self.log_manager.close()
+        except Exception as exc:
+            log.exception("log_manager_close_failed", broker_id=self.broker_id, error=str(exc))
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
@@ -198,6 +211,11 @@ class ReplicaManager:
         return hws
 
     async def checkpoint_high_watermarks(self) -> None:
+        """Write the HW checkpoint; never before ``start`` read it (a start that failed earlier would replace
+        the HWs it never loaded with none: Kafka writes HWs only for partitions it has online), nor once the
+        data dir has failed (a broken leader's HW is no longer one its followers agreed on)."""
+        if not self._hws_loaded or self.log_manager.failure is not None:
+            return
         hws = self.high_watermarks()
         await asyncio.to_thread(self.log_manager.checkpoint_high_watermarks, hws)
 
@@ -228,6 +246,10 @@ class ReplicaManager:
             for msg in req.partition_states:
                 try:
                     code = await self._apply_partition_state(msg, req.topic_configs.get(msg.tp.topic, {}))
+                except MinibrokerError as exc:  # StorageError (the epoch checkpoint): reported as the dir's failure
+                    log.warning("leader_and_isr_partition_failed", broker_id=self.broker_id, topic=msg.tp.topic,
+                                partition=msg.tp.partition, error=str(exc), code=exc.code.name)
+                    code = exc.code
                 except Exception as exc:  # one partition's failure must not leave the rest of the request unapplied
                     log.exception("leader_and_isr_partition_failed", broker_id=self.broker_id, topic=msg.tp.topic,
                                   partition=msg.tp.partition, error=str(exc))
@@ -430,7 +452,9 @@ class ReplicaManager:
             self._maybe_request_isr_change(p)
 
     def _maybe_request_isr_change(self, p: Partition) -> None:
-        if self.alter_sender is None or self._closing:
+        # A leader whose data dir failed must not shrink the ISR to itself (its followers cannot catch up on
+        # a log it cannot read): it stops asking; the broker halts and the controller fences it.
+        if self.alter_sender is None or self._closing or self.log_manager.failure is not None:
             return
         now = self.clock.monotonic_ms()
         if self._isr_backoff_until.get(p.tp, 0) > now:

@@ -3,7 +3,8 @@
 ``call`` posts a msgpack body to ``/v1/<api>`` and returns the decoded map;
 ``get_json`` reads a JSON status page. Connection failures and timeouts raise
 ``RpcConnectionError`` (the caller decides how to back off); HTTP 4xx/5xx on
-``call`` raise ``RpcBadRequest`` with the server's message.
+``call`` raise ``RpcBadRequest`` with the server's message; a 2xx answer that
+is not a msgpack map raises ``RpcError`` (never msgpack's own exceptions).
 
 Why hand-written: ``aiohttp.ClientSession`` costs ~150-200 us of CPU per
 request in Python (ClientRequest/ClientResponse objects, multidicts, timers,
@@ -391,7 +392,13 @@ class RpcClient:
         if status >= 400:
             raise RpcBadRequest(f"{api} to {address}: HTTP {status}: "
                                 f"{payload.decode('utf-8', 'replace')[:500]}")
-        result = decode(payload)
+        try:
+            result = decode(payload)
+        except Exception as exc:  # msgpack raises several unrelated types (ExtraData, FormatError, ...)
+            # Not our peer's answer (a proxy's HTML page, a different service on the port): a failed call,
+            # as one that never got an answer, for the caller to log and retry.
+            raise RpcError(f"{api} to {address}: response is not msgpack ({exc.__class__.__name__}): "
+                           f"{payload[:80]!r}") from exc
         if not isinstance(result, dict):
             raise RpcError(f"{api} to {address}: response is not a map")
         return result

@@ -22,6 +22,7 @@ file. A malformed file raises ``CheckpointError`` naming the file and line.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -37,16 +38,24 @@ class CheckpointError(ValueError):
 
 
 def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through ``<name>.tmp`` (fsync, rename, directory fsync). On ``OSError`` the
+    target is untouched and the temp file is removed (best effort: a full disk must not keep a half-written
+    ``.tmp`` that uses space); the error propagates."""
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        data = text.encode()
-        while data:
-            data = data[os.write(fd, data):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            data = text.encode()
+            while data:
+                data = data[os.write(fd, data):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):  # e.g. a directory in its place: nothing of ours to remove
+            os.unlink(tmp)
+        raise
     fsync_dir(path.parent)
 
 

@@ -61,7 +61,7 @@ import secrets
 import shutil
 import struct
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
@@ -101,6 +101,7 @@ def snapshot_offset(name: str) -> int | None:
         return int(stem)
     return None
 DELETED_DIR_SUFFIX = "-delete"  # a partition directory renamed for removal (Log.delete)
+_MAX_PARTITION = 2**31 - 1  # an int32, as Kafka's partition ids
 _NEVER_MS = 2**63 - 1  # flush.ms default: no time-based flush
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
@@ -190,8 +191,13 @@ EMPTY_FETCH = FetchData(b"", -1)
 
 
 def parse_topic_partition(dir: Path) -> TopicPartition:
+    """The partition of a directory named ``<topic>-<partition>``, the partition number written as the
+    broker writes it (``str(int)``: ASCII digits, no sign, no leading zero, at most 2^31 - 1). Anything
+    else (``s-01``, ``s-+1``, non-ASCII digits) is not a partition directory: read as one it would take
+    over the log of the partition it parses to, hiding that log's records (Kafka refuses such duplicates)."""
     topic, sep, partition = dir.name.rpartition("-")
-    if not sep or not topic or not partition.isdigit():
+    if (not sep or not topic or not partition.isascii() or not partition.isdigit()
+            or (partition[0] == "0" and partition != "0") or int(partition) > _MAX_PARTITION):
         raise ValueError(f"{dir}: not a <topic>-<partition> directory")
     return TopicPartition(topic, int(partition))
 
@@ -225,6 +231,9 @@ class Log:
         self._last_flush_ms = clock.monotonic_ms()
         self._generation = 0  # bumped by truncation: a deferred flush must not move the recovery point
         self._failed: str | None = None
+        # Called with (this log, the error) on every I/O failure of an opened log, before the operation
+        # raises: the ``LogManager`` reports it as a failure of its data dir (Kafka's LogDirFailureChannel).
+        self.on_io_failure: Callable[[Log, str], None] | None = None
         self._log = log.bind(topic=tp.topic, partition=tp.partition)
 
     # ---- open and recovery ---------------------------------------------------------------------------------
@@ -236,7 +245,7 @@ class Log:
         try:
             dir.mkdir(parents=True, exist_ok=True)
             self._load(recovery_point, log_start_offset)
-        except (OSError, InvalidBatchError, checkpoint.CheckpointError) as exc:
+        except (OSError, InvalidBatchError, checkpoint.CheckpointError, StorageError) as exc:
             self._close_segments()
             raise StorageError(f"{dir}: cannot open log: {exc}") from exc
         return self
@@ -407,6 +416,7 @@ class Log:
                                     encode_snapshot(offset, self.producer_state.entries()))
         except OSError as exc:
             self._log.warning("producer_snapshot_not_written", snapshot_offset=offset, error=str(exc))
+            self._report_io_failure(exc)
             return
         if not self._snapshots or self._snapshots[-1] < offset:  # the LEO never goes below the newest one
             self._snapshots.append(offset)
@@ -434,8 +444,9 @@ class Log:
         for o in [o for o in self._snapshots if o < keep_from]:
             try:
                 snapshot_path(self.dir, o).unlink(missing_ok=True)
-            except OSError as exc:  # harmless: an old snapshot is only read if every newer one is damaged
+            except OSError as exc:  # harmless here: an old snapshot is only read if every newer one is damaged;
                 self._log.warning("producer_snapshot_not_deleted", snapshot_offset=o, error=str(exc))
+                self._report_io_failure(exc)  # but an I/O error is the data dir's failure all the same
                 continue
             self._snapshots.remove(o)
 
@@ -656,7 +667,10 @@ class Log:
         for seg in self.segments:
             if seg.rule.max_timestamp < ts or seg.next_offset <= self.log_start_offset:
                 continue
-            found = seg.find_timestamp(ts, self.log_start_offset)
+            try:
+                found = seg.find_timestamp(ts, self.log_start_offset)
+            except OSError as exc:
+                self._fail(exc)
             if found is not None:
                 return TimestampOffset(*found)
         return None
@@ -741,7 +755,10 @@ class Log:
         """Unlink the files of segments deleted with ``defer_file_deletion``, in a worker thread."""
         paths, self._pending_deletions = self._pending_deletions, []
         if paths:
-            await asyncio.to_thread(_unlink_all, paths)
+            error = await asyncio.to_thread(_unlink_all, paths)
+            if error is not None:  # the leftovers go at the next open; the failure is the data dir's
+                self._log.warning("segment_files_not_deleted", error=str(error))
+                self._report_io_failure(error)
 
     def maybe_flush(self) -> None:
         """fsync if ``flush.messages`` or ``flush.ms`` says so."""
@@ -921,15 +938,27 @@ class Log:
             raise StorageError(f"{self.topic_partition}: log unusable: {self._failed}")
 
     def _fail(self, exc: OSError) -> NoReturn:
+        """An I/O failure: the log is unusable from now on (never half-written), the failure is reported
+        (``on_io_failure``; the broker halts on it), and the operation raises ``StorageError``."""
         self._failed = f"{type(exc).__name__}: {exc}"
         self._log.error("log_io_failed", error=self._failed)
+        self._report_io_failure(exc)
         raise StorageError(f"{self.topic_partition}: {self._failed}") from exc
 
+    def _report_io_failure(self, exc: OSError) -> None:
+        if self.on_io_failure is not None:
+            self.on_io_failure(self, f"{type(exc).__name__}: {exc}")
 
-def _unlink_all(paths: list[Path]) -> None:
+
+def _unlink_all(paths: list[Path]) -> OSError | None:
+    """Unlink every path (a leftover is removed at the next open); the first error, if any."""
+    first: OSError | None = None
     for path in paths:
-        with contextlib.suppress(OSError):  # a leftover is removed at the next open
+        try:
             path.unlink(missing_ok=True)
+        except OSError as exc:
+            first = first or exc
+    return first
 
 
 def _fsync_all(fds: list[int]) -> None:

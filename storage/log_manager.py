@@ -21,6 +21,18 @@ loop, like Kafka's async delete) every second, and the recovery-point / log-star
 ``log.flush.offset.checkpoint.interval.ms``, and the expiration of producer ids idle
 longer than ``producer.id.expiration.ms`` every 10 minutes (Kafka's
 ``producer.id.expiration.check.interval.ms`` default). ``tick()`` runs what is due once.
+
+A data dir that fails (Kafka's LogDirFailureChannel): every I/O error on it
+(a log's append, read, flush, roll, truncation, deletion, epoch checkpoint or
+producer snapshot; a checkpoint file of this manager; creating or deleting a
+partition dir) is reported once, the first, to ``on_dir_failure(data_dir,
+error)`` and kept in ``failure``. The broker halts on it: its one data dir is
+all it has (Kafka halts when no log dir is left online). Without a handler
+the failure is logged; from then on the periodic tasks stop (``close`` still
+flushes and closes what it can). A directory whose name is not exactly
+``<topic>-<partition>`` as the broker writes it (``s-01``) is not a partition
+and is left alone (warning ``unknown_dir_ignored``); two directories for one
+partition refuse the load (``DuplicateLogDirError``).
 """
 
 from __future__ import annotations
@@ -50,13 +62,21 @@ DELETED_DIR_RE = re.compile(r"^.+-\d+\.[0-9a-f]{16}" + re.escape(DELETED_DIR_SUF
 log = get_logger("storage.log_manager")
 
 
+class DuplicateLogDirError(StorageError):
+    """Two directories hold one partition (Kafka refuses to start: "Duplicate log directories")."""
+
+
 class LogManager:
     def __init__(self, data_dir: Path, config: Config, clock: Clock, *,
-                 high_watermarks: Callable[[], dict[TopicPartition, int]] | None = None) -> None:
+                 high_watermarks: Callable[[], dict[TopicPartition, int]] | None = None,
+                 on_dir_failure: Callable[[Path, str], None] | None = None) -> None:
         self.data_dir = data_dir
         self.config = config
         self.clock = clock
         self.high_watermarks = high_watermarks
+        self.on_dir_failure = on_dir_failure
+        self.failure: str | None = None  # the first I/O failure of the data dir; None while it is healthy
+        self._failure_lock = threading.Lock()  # failures come from the event loop and from worker threads
         self._logs: dict[TopicPartition, Log] = {}
         self._creating: dict[TopicPartition, asyncio.Future[Log]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -73,21 +93,57 @@ class LogManager:
         recovery = self._read_checkpoint(RECOVERY_CHECKPOINT)
         starts = self._read_checkpoint(LOG_START_CHECKPOINT)
         default = LogConfig.from_config(self.config)
+        try:
+            await self._load_all(recovery, starts, default)
+        except Exception:  # the logs opened so far are closed: a failed load leaves no open files behind
+            for lg in self._logs.values():
+                lg.on_io_failure = None  # the load's error is the one to report
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(lg.close)
+            self._logs.clear()
+            raise
+        log.info("logs_loaded", count=len(self._logs), data_dir=str(self.data_dir))
+
+    async def _load_all(self, recovery: dict[TopicPartition, int], starts: dict[TopicPartition, int],
+                        default: LogConfig) -> None:
         for path in sorted(self.data_dir.iterdir()):
             if path.is_dir() and DELETED_DIR_RE.match(path.name):
                 await asyncio.to_thread(shutil.rmtree, path, True)  # a deletion that did not finish
                 continue
+            if not path.is_dir():
+                continue
             try:
                 tp = parse_topic_partition(path)
             except ValueError:
+                if "-" in path.name:  # looks like one but is not (s-01): say so, never read it as a partition
+                    log.warning("unknown_dir_ignored", dir=str(path))
                 continue
-            if not path.is_dir() or tp in self._logs:
-                continue
+            previous = self._logs.get(tp)
+            if previous is not None:
+                raise DuplicateLogDirError(f"duplicate log directories for {tp}: {previous.dir} and {path}")
             opened = await asyncio.to_thread(Log.open, path, default, self.clock,
                                              recovery_point=recovery.get(tp, 0), log_start_offset=starts.get(tp))
-            opened.defer_roll_flush = opened.defer_file_deletion = True
+            self._adopt(opened)
             self._logs[tp] = opened
-        log.info("logs_loaded", count=len(self._logs), data_dir=str(self.data_dir))
+
+    def _adopt(self, lg: Log) -> None:
+        lg.defer_roll_flush = lg.defer_file_deletion = True
+        lg.on_io_failure = self._log_io_failed
+
+    def _log_io_failed(self, lg: Log, error: str) -> None:
+        self.dir_failed(f"{lg.dir.name}: {error}")
+
+    def dir_failed(self, error: str) -> None:
+        """Report an I/O failure of the data dir; only the first reaches ``on_dir_failure`` (which may halt
+        the process and never return)."""
+        with self._failure_lock:
+            if self.failure is not None:
+                return
+            self.failure = error
+        if self.on_dir_failure is None:
+            log.error("log_dir_failed", data_dir=str(self.data_dir), error=error)
+            return
+        self.on_dir_failure(self.data_dir, error)
 
     def get_log(self, tp: TopicPartition) -> Log | None:
         return self._logs.get(tp)
@@ -110,8 +166,13 @@ class LogManager:
         future: asyncio.Future[Log] = asyncio.get_running_loop().create_future()
         self._creating[tp] = future
         try:
-            created = await asyncio.to_thread(Log.open, self.data_dir / str(tp), config, self.clock)
-            created.defer_roll_flush = created.defer_file_deletion = True
+            try:
+                created = await asyncio.to_thread(Log.open, self.data_dir / str(tp), config, self.clock)
+            except StorageError as exc:
+                if _io_error(exc):
+                    self.dir_failed(f"cannot create the log of {tp}: {exc}")
+                raise
+            self._adopt(created)
             self._logs[tp] = created
             future.set_result(created)
             log.info("log_created", topic=tp.topic, partition=tp.partition)
@@ -129,7 +190,11 @@ class LogManager:
         doomed = self._logs.get(tp)
         if doomed is None:
             return
-        await asyncio.to_thread(doomed.delete)
+        try:
+            await asyncio.to_thread(doomed.delete)
+        except OSError as exc:
+            self.dir_failed(f"cannot delete the log of {tp}: {type(exc).__name__}: {exc}")
+            raise
         del self._logs[tp]
         self.checkpoint_recovery_points_and_log_starts()
 
@@ -160,7 +225,9 @@ class LogManager:
             with self._checkpoint_lock:
                 checkpoint.write_offsets(self.data_dir / name, offsets)
         except OSError as exc:
-            raise StorageError(f"cannot write {name}: {exc}") from exc
+            error = f"cannot write {self.data_dir / name}: {type(exc).__name__}: {exc}"
+            self.dir_failed(error)
+            raise StorageError(error) from exc
 
     # ---- periodic tasks ------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -176,7 +243,9 @@ class LogManager:
                 log.exception("log_manager_tick_failed")
 
     async def tick(self) -> None:
-        """Run whatever periodic work is due now."""
+        """Run whatever periodic work is due now (nothing once the data dir has failed)."""
+        if self.failure is not None:
+            return
         now = self.clock.monotonic_ms()
         for lg in list(self._logs.values()):
             with contextlib.suppress(StorageError):
@@ -215,15 +284,39 @@ class LogManager:
         return sum(lg.remove_expired_producers(expiration_ms) for lg in list(self._logs.values()))
 
     async def close(self) -> None:
-        """Stop periodic work; flush and close every log; write the checkpoints."""
+        """Stop periodic work; flush and close every log; write the checkpoints. Goes on past a failure
+        (reported as the data dir's): each log is closed whatever happened to the others.
+
+        Safe after a failure of the dir: a log whose I/O failed is not flushed again (an fsync after a
+        failed one may report success over lost pages) and keeps its older recovery point, so the next
+        start validates it; the others are flushed and checkpointed at their end as usual."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        for lg in self._logs.values():
-            with contextlib.suppress(StorageError):
+        for tp, lg in self._logs.items():
+            try:
                 await asyncio.to_thread(lg.close)
-            await lg.unlink_deleted_segments()
-        self.checkpoint_recovery_points_and_log_starts()
+                await lg.unlink_deleted_segments()
+            except StorageError:
+                pass  # reported by the log
+            except Exception as exc:  # close the other logs all the same
+                log.exception("log_close_failed", topic=tp.topic, partition=tp.partition, error=str(exc))
+        try:
+            self.checkpoint_recovery_points_and_log_starts()
+        except StorageError as exc:  # reported; the older checkpoint stays (recovery validates more)
+            log.warning("checkpoint_not_written", error=str(exc))
         log.info("logs_closed", count=len(self._logs))
+
+
+def _io_error(exc: BaseException) -> bool:
+    """Whether an OSError is among the causes of ``exc``."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return False
+        if isinstance(seen, OSError):
+            return True
+        seen = seen.__cause__
+    return False

@@ -6,6 +6,12 @@
 ``Procs`` tracks everything a test started and stops it in ``close()`` (use the
 ``procs`` fixture or ``with Procs() as procs``). Processes are only ever
 stopped by their own PID.
+
+Disk faults without root: ``spawn_piped`` / ``Procs.broker_piped`` run a
+process whose stderr reaches the same log file through a pipe, so a file-size
+limit (RLIMIT_FSIZE, which does not apply to pipes) makes its data writes fail
+with EFBIG (SIGXFSZ ignored) but never its logging: from the start
+(``fsize_limit``) or later (``limit_file_size``, on a running process).
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -104,6 +112,68 @@ def spawn(role: str, args: list[str], data_dir: Path, *, wait: bool = True,
     return proc
 
 
+# Runs cli.main under RLIMIT_FSIZE = argv[1]; SIGXFSZ ignored (kept across exec), so a write past the limit
+# fails with EFBIG instead of killing the process.
+_UNDER_FSIZE_LIMIT = ("import os, resource, signal, sys\n"
+                      "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+                      "limit = int(sys.argv[1])\n"
+                      "resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))\n"
+                      "os.execv(sys.executable, [sys.executable, '-m', 'cli.main', *sys.argv[2:]])\n")
+
+
+def spawn_piped(role: str, args: list[str], data_dir: Path, *, fsize_limit: int | None = None, wait: bool = True,
+                env: Mapping[str, str] | None = None) -> Proc:
+    """``spawn``, with stderr copied to ``<data-dir>.stderr.log`` by a thread through a pipe; with
+    ``fsize_limit`` the process runs under that RLIMIT_FSIZE from its start (see the module doc)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    endpoint = data_dir / "endpoint"
+    with contextlib.suppress(FileNotFoundError):
+        endpoint.unlink()
+    stderr_path = data_dir.parent / f"{data_dir.name}.stderr.log"
+    full_env = dict(os.environ)
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    full_env.update(env or {})
+    argv = [sys.executable, "-m", "cli.main", *args] if fsize_limit is None else \
+        [sys.executable, "-c", _UNDER_FSIZE_LIMIT, str(fsize_limit), *args]
+    popen = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, env=full_env)
+    assert popen.stderr is not None
+    pump = threading.Thread(target=_copy_lines, args=(popen.stderr, stderr_path), daemon=True,
+                            name=f"stderr-{role}-{popen.pid}")
+    pump.start()
+    proc = Proc(role, args, data_dir, stderr_path, popen, extra={"pump": pump})
+    if wait:
+        try:
+            proc.address = wait_endpoint(proc)
+        except BaseException:
+            kill(proc)
+            raise
+    return proc
+
+
+def _copy_lines(src: Any, path: Path) -> None:
+    with src, open(path, "ab") as out:
+        for line in iter(src.readline, b""):
+            out.write(line)
+            out.flush()
+
+
+def limit_file_size(proc: Proc, limit: int) -> None:
+    """Set RLIMIT_FSIZE of a running process (``prlimit``): its writes past ``limit`` bytes of any file fail
+    with EFBIG (Python ignores SIGXFSZ). Start it with ``spawn_piped``, or its log file is limited too."""
+    hard = resource.prlimit(proc.pid, resource.RLIMIT_FSIZE)[1]
+    resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (limit, hard))
+
+
+def wait_exit(proc: Proc, timeout_s: float = STOP_TIMEOUT_S) -> int:
+    """Wait for the process to exit by itself and for its piped stderr to be copied; its exit status."""
+    code = proc.popen.wait(timeout_s)
+    pump = proc.extra.get("pump")
+    if isinstance(pump, threading.Thread):
+        pump.join(10)
+    return code
+
+
 def wait_endpoint(proc: Proc, timeout_s: float = START_TIMEOUT_S) -> str:
     path = proc.data_dir / "endpoint"
     deadline = time.monotonic() + timeout_s
@@ -174,6 +244,16 @@ class Procs:
         self.all.append(proc)
         return proc
 
+    def broker_piped(self, node_id: int, data_dir: Path, controller: str, *, sets: Mapping[str, Any] | None = None,
+                     fsize_limit: int | None = None, wait: bool = True) -> Proc:
+        """``broker`` through ``spawn_piped`` (see the module doc)."""
+        args = ["broker", "--node-id", str(node_id), "--listen", "127.0.0.1:0", "--controller", controller,
+                "--data-dir", str(data_dir), *_settings(sets)]
+        proc = spawn_piped("broker", args, data_dir, fsize_limit=fsize_limit, wait=wait)
+        proc.node_id = node_id
+        self.all.append(proc)
+        return proc
+
     def controller(self, data_dir: Path, **kw: Any) -> Proc:
         proc = start_controller(data_dir, **kw)
         self.all.append(proc)
@@ -184,14 +264,18 @@ class Procs:
             with contextlib.suppress(ProcessLookupError):
                 if proc.alive():
                     os.kill(proc.pid, signal.SIGCONT)
-        for proc in self.all:  # SIGTERM everything first so they stop in parallel
-            if proc.alive():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        for proc in self.all:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.popen.wait(max(0.1, deadline - time.monotonic()))
+        # Brokers first (in parallel), then the rest: a broker's controlled shutdown needs the controller,
+        # and retries until controlled.shutdown.max.wait.ms if it is gone (what `cluster down` does too)
+        brokers = [p for p in self.all if p.role == "broker"]
+        for group in (brokers, [p for p in self.all if p.role != "broker"]):
+            for proc in group:
+                if proc.alive():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            for proc in group:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.popen.wait(max(0.1, deadline - time.monotonic()))
         for proc in self.all:
             kill(proc)
 

@@ -85,6 +85,15 @@ def build_app(rec: Recorder) -> web.Application:
         await request.read()
         return msgpack_response([1, 2, 3])
 
+    async def html(request: web.Request) -> web.Response:
+        """A 200 that is no answer of ours: a proxy's login page, another service on the port."""
+        await request.read()
+        return web.Response(text="<html>proxy login</html>", content_type="text/html")
+
+    async def undecodable(request: web.Request) -> web.Response:
+        body = decode(await request.read())
+        return web.Response(body=bytes(body["raw"]), content_type=CONTENT_TYPE)
+
     async def status(request: web.Request) -> web.Response:
         return web.json_response({"broker_id": 7})
 
@@ -98,6 +107,8 @@ def build_app(rec: Recorder) -> web.Application:
     app.router.add_post("/v1/chunked", chunked)
     app.router.add_post("/v1/blob", blob)
     app.router.add_post("/v1/not_a_map", not_a_map)
+    app.router.add_post("/v1/html", html)
+    app.router.add_post("/v1/undecodable", undecodable)
     app.router.add_get("/v1/status", status)
     app.router.add_get("/v1/text", text_status)
     return app
@@ -223,6 +234,20 @@ async def test_non_map_response_raises_rpc_error(client: RpcClient) -> None:
         with pytest.raises(RpcError, match="not a map") as info:
             await client.call(address, "not_a_map", {})
         assert not isinstance(info.value, RpcConnectionError)
+
+
+async def test_a_200_answer_that_is_not_msgpack_is_a_failed_call(client: RpcClient) -> None:
+    """msgpack's own errors (ExtraData, FormatError, OutOfData: ValueErrors) escaped ``call``, so callers
+    that handle ``RpcError`` (the broker's controller link) died on them instead of retrying."""
+    rec = Recorder()
+    async with aiohttp_server(rec) as address:
+        with pytest.raises(RpcError, match=r"html to 127\.0\.0\.1:\d+: response is not msgpack") as info:
+            await client.call(address, "html", {})
+        assert "proxy login" in str(info.value)
+        for raw in (b"\xc1", b"\x92\x01", b"\x81\xa1k\x01trailing"):  # reserved byte, cut short, extra data
+            with pytest.raises(RpcError, match="response is not msgpack"):
+                await client.call(address, "undecodable", {"raw": raw})
+        assert (await client.call(address, "echo", {"after": 1}))["echo"] == {"after": 1}
 
 
 async def test_timeout_closes_the_connection_and_the_late_answer_is_never_read(client1: RpcClient) -> None:

@@ -44,11 +44,14 @@ async def start_broker(tmp_path: Path, controller: FakeController) -> AsyncItera
     started: list[BrokerProcess] = []
 
     async def start(node_id: int = 1, sets: dict[str, Any] | None = None, data_dir: Path | None = None,
-                    register: bool = True) -> BrokerProcess:
+                    register: bool = True,
+                    on_dir_failure: Callable[[Path, str], None] | None = None) -> BrokerProcess:
+        """An in-process broker. A data dir failure calls ``on_dir_failure`` (default: nothing; the failure
+        is in ``proc.dir_failure``) where a broker process would halt: never the test runner's exit."""
         cfg = broker_config({"broker.heartbeat.interval.ms": 200, **(sets or {})})
         opts = BrokerOptions(node_id, "127.0.0.1", 0, controller.address, data_dir or tmp_path / f"b{node_id}",
                              None, cfg)
-        proc = BrokerProcess(opts)
+        proc = BrokerProcess(opts, on_dir_failure=on_dir_failure or _no_halt)
         await proc.start()
         started.append(proc)
         if register:
@@ -60,6 +63,10 @@ async def start_broker(tmp_path: Path, controller: FakeController) -> AsyncItera
     finally:
         for proc in started:
             await proc.stop()
+
+
+def _no_halt(data_dir: Path, error: str) -> None:
+    pass
 
 
 def batch(n: int = 3, size: int = 10, ts: int = 1_700_000_000_000) -> bytes:

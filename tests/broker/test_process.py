@@ -23,9 +23,15 @@ from tests.procs import REPO, Proc, Procs, kill, stop
 
 
 @pytest.fixture
-def procs() -> Iterator[Procs]:
-    with Procs() as p:
+async def procs(fc: FakeController) -> AsyncIterator[Procs]:
+    """Stopped before ``fc`` and off the event loop, so that the fake controller (on this loop) answers the
+    brokers' controlled shutdown: one whose controller does not answer retries it until
+    controlled.shutdown.max.wait.ms."""
+    p = Procs()
+    try:
         yield p
+    finally:
+        await asyncio.to_thread(p.close)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from common.clock import ManualClock
 from common.config import broker_config
 from common.wire import TopicPartition
 from storage import checkpoint
-from storage.log import LogConfig
+from storage.log import LogConfig, StorageError
 from storage.log_manager import HW_CHECKPOINT, LOG_START_CHECKPOINT, RECOVERY_CHECKPOINT, LogManager
 from tests.storage.helpers import TS, batch
 
@@ -180,3 +180,117 @@ async def test_a_delete_that_cannot_rename_fails_and_is_retried(tmp_path: Path) 
     await mgr.delete_log(A)
     assert mgr.get_log(A) is None and not (data / str(A)).exists()
     await mgr.close()
+
+
+def test_only_canonical_partition_numbers_name_a_partition_directory() -> None:
+    """``s-01`` parsed as partition 1 took over ``s-1``'s log; only ``str(int)`` names count (Kafka writes
+    partition dirs the same way), and an int32 at most."""
+    from storage.log import parse_topic_partition
+
+    assert parse_topic_partition(Path("s-0")) == TopicPartition("s", 0)
+    assert parse_topic_partition(Path("my-topic-12")) == TopicPartition("my-topic", 12)
+    assert parse_topic_partition(Path("t-2147483647")) == TopicPartition("t", 2**31 - 1)
+    for name in ("s-01", "s-00", "s-+1", "s-1.5", "s-1 ", "s-\u0661", "s-\uff11", "s-2147483648", "s-", "-1", "s1"):
+        with pytest.raises(ValueError):
+            parse_topic_partition(Path(name))
+
+
+async def test_a_stray_directory_with_a_leading_zero_does_not_take_over_the_partition(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A directory ``s-01`` next to ``s-1`` was loaded as partition s-1 (first in sort order), hiding the
+    records of ``s-1`` and taking its new writes. It is not a partition directory: left alone, with a
+    warning; ``s-1`` is loaded."""
+    s1 = TopicPartition("s", 1)
+    mgr = LogManager(tmp_path, broker_config(), ManualClock(TS))
+    await mgr.load()
+    lg = await mgr.get_or_create_log(s1, LogConfig())
+    for _ in range(50):
+        lg.append_as_leader(batch(1), 0)
+    other = await mgr.get_or_create_log(TopicPartition("x", 1), LogConfig())
+    other.append_as_leader(batch(3), 0)
+    await mgr.close()
+    (tmp_path / "x-1").rename(tmp_path / "s-01")
+    stray = sorted(p.name for p in (tmp_path / "s-01").iterdir())
+
+    mgr2 = LogManager(tmp_path, broker_config(), ManualClock(TS))
+    await mgr2.load()
+    loaded = mgr2.get_log(s1)
+    assert loaded is not None and loaded.dir == tmp_path / "s-1" and loaded.log_end_offset == 50
+    assert set(mgr2.logs()) == {s1}
+    assert any("unknown_dir_ignored" in r.getMessage() and "s-01" in r.getMessage() for r in caplog.records)
+    loaded.append_as_leader(batch(1), 0)
+    await mgr2.close()
+    assert sorted(p.name for p in (tmp_path / "s-01").iterdir()) == stray  # untouched
+
+
+async def test_io_failures_of_the_data_dir_reach_the_handler_once(tmp_path: Path) -> None:
+    """Every I/O failure counts as the data dir's (Kafka's LogDirFailureChannel); the first one reaches
+    ``on_dir_failure`` with the dir and the error, later ones do not, and the periodic tasks stop. ``close``
+    still closes every log: the healthy one is flushed and checkpointed at its end, the failed one keeps
+    its older recovery point (its data is re-validated at the next open)."""
+    import os
+
+    failures: list[tuple[Path, str]] = []
+    clock = ManualClock(TS)
+    mgr = LogManager(tmp_path, broker_config(), clock, on_dir_failure=lambda d, e: failures.append((d, e)))
+    await mgr.load()
+    broken, healthy = await mgr.get_or_create_log(A, LogConfig()), await mgr.get_or_create_log(B, LogConfig())
+    broken.append_as_leader(batch(2), 0)
+    healthy.append_as_leader(batch(4), 0)
+    seg = broken.segments[-1]
+    ro = os.open(seg.dir / "00000000000000000000.log", os.O_RDONLY)
+    os.dup2(ro, seg.fd)  # the segment's descriptor now refuses writes (EBADF): an OS-level fault
+    os.close(ro)
+    with pytest.raises(StorageError):
+        broken.append_as_leader(batch(1), 0)
+    assert len(failures) == 1
+    data_dir, error = failures[0]
+    assert data_dir == tmp_path and error.startswith("orders-0: OSError") and "Bad file descriptor" in error
+    assert mgr.failure == error
+
+    (tmp_path / f"{HW_CHECKPOINT}.tmp").mkdir()  # the next HW checkpoint write fails (EISDIR), even as root
+    with pytest.raises(StorageError, match=HW_CHECKPOINT):
+        mgr.checkpoint_high_watermarks({A: 2, B: 4})
+    with pytest.raises(StorageError):
+        broken.read(0, 100)
+    assert len(failures) == 1  # once
+
+    healthy.append_as_leader(batch(1), 0)
+    clock.advance(120_000)
+    await mgr.tick()  # nothing runs on a failed dir: no checkpoint written
+    assert not (tmp_path / RECOVERY_CHECKPOINT).exists()
+    await mgr.close()
+    assert checkpoint.read_offsets(tmp_path / RECOVERY_CHECKPOINT) == {A: 0, B: 5}
+
+
+async def test_a_checkpoint_that_cannot_be_written_fails_the_dir_and_leaves_the_old_file(tmp_path: Path) -> None:
+    failures: list[tuple[Path, str]] = []
+    mgr = LogManager(tmp_path, broker_config(), ManualClock(TS), on_dir_failure=lambda d, e: failures.append((d, e)))
+    await mgr.load()
+    mgr.checkpoint_high_watermarks({A: 3})
+    before = (tmp_path / HW_CHECKPOINT).read_bytes()
+    (tmp_path / f"{HW_CHECKPOINT}.tmp").mkdir()
+    with pytest.raises(StorageError):
+        mgr.checkpoint_high_watermarks({A: 9})
+    assert (tmp_path / HW_CHECKPOINT).read_bytes() == before
+    assert [(d, HW_CHECKPOINT in e and "IsADirectoryError" in e) for d, e in failures] == [(tmp_path, True)]
+    await mgr.close()
+
+
+async def test_a_partition_that_cannot_be_opened_fails_the_load_naming_it_and_closes_the_others(
+        tmp_path: Path) -> None:
+    """``Log.open``'s error names the partition dir (the broker prints it as its one line); the logs opened
+    before it are closed, not left open."""
+    import os
+
+    mgr = LogManager(tmp_path, broker_config(), ManualClock(TS))
+    await mgr.load()
+    for tp in (A, B):
+        (await mgr.get_or_create_log(tp, LogConfig())).append_as_leader(batch(2), 0)
+    await mgr.close()
+    (tmp_path / str(B) / "00000000000000000050.log").mkdir()  # a directory named like a segment
+    fds = len(os.listdir("/proc/self/fd"))
+    mgr2 = LogManager(tmp_path, broker_config(), ManualClock(TS))
+    with pytest.raises(StorageError, match=rf"{tmp_path / str(B)}: cannot open log: .*Is a directory"):
+        await mgr2.load()
+    assert mgr2.logs() == {} and len(os.listdir("/proc/self/fd")) == fds
