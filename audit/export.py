@@ -77,7 +77,7 @@ from common.wire import TopicPartition
 from controller.journal import JOURNAL_NAME, SNAPSHOT_NAME, read_image
 from controller.state import MetadataImage
 from storage.checkpoint import CheckpointError, read_epochs, read_offsets, read_properties
-from storage.log import opened_log_start
+from storage.log import opened_log_start, parse_topic_partition
 from storage.record_batch import (
     HEADER_SIZE,
     MIN_BATCH_LENGTH,
@@ -96,7 +96,6 @@ RECOVERY_CHECKPOINT = "recovery-point-offset-checkpoint"
 LOG_START_CHECKPOINT = "log-start-offset-checkpoint"
 EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 SEGMENT_RE = re.compile(r"^(\d{20})\.log$", re.ASCII)
-PARTITION_DIR_RE = re.compile(r"^(.+)-(\d+)$", re.ASCII)
 CONTROLLER_DIR = "controller"  # the controller's data dir in a cluster directory (cli.cluster.plan)
 BROKER_DIR_RE = re.compile(r"^broker-(\d+)$", re.ASCII)
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
@@ -227,14 +226,17 @@ def discover_broker_dirs(paths: list[Path]) -> list[BrokerDir]:
 
 
 def partition_dirs(broker_dir: Path) -> list[tuple[TopicPartition, Path]]:
-    """``<topic>-<partition>`` directories; anything else (``...-delete``, stray dirs, a partition
-    number beyond int32) is skipped."""
+    """``<topic>-<partition>`` directories, named as the broker reads them (``storage.log.
+    parse_topic_partition``); anything else (``...-delete``, stray dirs, ``s-01``, a partition number beyond
+    int32) is skipped, as the broker skips it."""
     out = []
     for p in sorted(broker_dir.iterdir()):
-        m = PARTITION_DIR_RE.match(p.name)
-        partition = parse_digits(m.group(2), INT32_MAX) if m else None
-        if p.is_dir() and m and partition is not None:
-            out.append((TopicPartition(m.group(1), partition), p))
+        try:
+            tp = parse_topic_partition(p)
+        except ValueError:
+            continue
+        if p.is_dir():
+            out.append((tp, p))
     return out
 
 
