@@ -89,8 +89,11 @@ def _settings(sets: Mapping[str, Any] | None) -> list[str]:
 
 
 def spawn(role: str, args: list[str], data_dir: Path, *, wait: bool = True,
-          env: Mapping[str, str] | None = None) -> Proc:
-    """Run ``python -m cli.main <args>``; with ``wait``, block until ``<data-dir>/endpoint`` appears."""
+          env: Mapping[str, str] | None = None, piped: bool = False, fsize_limit: int | None = None) -> Proc:
+    """Run ``python -m cli.main <args>``, its stderr appended to ``<data-dir>.stderr.log``; with ``wait``,
+    block until ``<data-dir>/endpoint`` appears. With ``piped`` the stderr goes there through a pipe copied by
+    a thread (a pipe is not limited by RLIMIT_FSIZE); with ``fsize_limit`` (piped too) the process runs under
+    that RLIMIT_FSIZE from its start (see the module doc)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     endpoint = data_dir / "endpoint"
     with contextlib.suppress(FileNotFoundError):
@@ -99,10 +102,21 @@ def spawn(role: str, args: list[str], data_dir: Path, *, wait: bool = True,
     full_env = dict(os.environ)
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     full_env.update(env or {})
-    with open(stderr_path, "ab") as err:
-        popen = subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=REPO, stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.DEVNULL, stderr=err, env=full_env)
-    proc = Proc(role, args, data_dir, stderr_path, popen)
+    argv = [sys.executable, "-m", "cli.main", *args] if fsize_limit is None else \
+        [sys.executable, "-c", _UNDER_FSIZE_LIMIT, str(fsize_limit), *args]
+    extra: dict[str, Any] = {}
+    if piped or fsize_limit is not None:
+        popen = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, env=full_env)
+        assert popen.stderr is not None
+        extra["pump"] = pump = threading.Thread(target=_copy_lines, args=(popen.stderr, stderr_path), daemon=True,
+                                                name=f"stderr-{role}-{popen.pid}")
+        pump.start()
+    else:
+        with open(stderr_path, "ab") as err:
+            popen = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=err, env=full_env)
+    proc = Proc(role, args, data_dir, stderr_path, popen, extra=extra)
     if wait:
         try:
             proc.address = wait_endpoint(proc)
@@ -123,32 +137,8 @@ _UNDER_FSIZE_LIMIT = ("import os, resource, signal, sys\n"
 
 def spawn_piped(role: str, args: list[str], data_dir: Path, *, fsize_limit: int | None = None, wait: bool = True,
                 env: Mapping[str, str] | None = None) -> Proc:
-    """``spawn``, with stderr copied to ``<data-dir>.stderr.log`` by a thread through a pipe; with
-    ``fsize_limit`` the process runs under that RLIMIT_FSIZE from its start (see the module doc)."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    endpoint = data_dir / "endpoint"
-    with contextlib.suppress(FileNotFoundError):
-        endpoint.unlink()
-    stderr_path = data_dir.parent / f"{data_dir.name}.stderr.log"
-    full_env = dict(os.environ)
-    full_env.setdefault("PYTHONUNBUFFERED", "1")
-    full_env.update(env or {})
-    argv = [sys.executable, "-m", "cli.main", *args] if fsize_limit is None else \
-        [sys.executable, "-c", _UNDER_FSIZE_LIMIT, str(fsize_limit), *args]
-    popen = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, env=full_env)
-    assert popen.stderr is not None
-    pump = threading.Thread(target=_copy_lines, args=(popen.stderr, stderr_path), daemon=True,
-                            name=f"stderr-{role}-{popen.pid}")
-    pump.start()
-    proc = Proc(role, args, data_dir, stderr_path, popen, extra={"pump": pump})
-    if wait:
-        try:
-            proc.address = wait_endpoint(proc)
-        except BaseException:
-            kill(proc)
-            raise
-    return proc
+    """``spawn`` with its stderr through a pipe (and ``fsize_limit``)."""
+    return spawn(role, args, data_dir, wait=wait, env=env, piped=True, fsize_limit=fsize_limit)
 
 
 def _copy_lines(src: Any, path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from common.http import RpcClient
 from common.wire import TopicPartition
 from storage.record_batch import build_batch
 from tests.fake_controller import FakeController
+from tests.procs import Procs
 
 TP = TopicPartition("t", 0)
 
@@ -25,6 +27,24 @@ async def controller() -> AsyncIterator[FakeController]:
         yield fc
     finally:
         await fc.close()
+
+
+@pytest.fixture
+def fc(controller: FakeController) -> FakeController:
+    """The fake controller, for tests that run real broker processes against it (``procs``)."""
+    return controller
+
+
+@pytest.fixture
+async def procs(fc: FakeController) -> AsyncIterator[Procs]:
+    """Real broker processes; stopped before ``fc`` and off the event loop, so that the fake controller (on
+    this loop) answers the brokers' controlled shutdown: one whose controller does not answer retries it
+    until controlled.shutdown.max.wait.ms."""
+    p = Procs()
+    try:
+        yield p
+    finally:
+        await asyncio.to_thread(p.close)
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -115,27 +114,6 @@ async def test_a_hw_checkpoint_that_cannot_be_written_fails_the_dir_once(
 
 
 # ---- real processes ---------------------------------------------------------------------------------------
-
-@pytest.fixture
-async def procs(fc: FakeController) -> AsyncIterator[P.Procs]:
-    """Stopped before ``fc`` and off the event loop, so that the fake controller (on this loop) answers the
-    brokers' controlled shutdown: one whose controller does not answer retries it until
-    controlled.shutdown.max.wait.ms."""
-    p = P.Procs()
-    try:
-        yield p
-    finally:
-        await asyncio.to_thread(p.close)
-
-
-@pytest.fixture
-async def fc() -> AsyncIterator[FakeController]:
-    c = await FakeController().start()
-    try:
-        yield c
-    finally:
-        await c.close()
-
 
 def stderr_lines(proc: P.Proc) -> tuple[list[dict[str, Any]], list[str]]:
     """(the JSON events, every other line) of a process's stderr."""

@@ -6,12 +6,11 @@ import asyncio
 import random
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 
 from common.errors import ErrorCode
 from common.http import RpcClient
@@ -20,27 +19,6 @@ from storage.record_batch import iter_batches
 from tests.broker.conftest import TP, batch, fetch_body, part, produce_body
 from tests.fake_controller import FakeController
 from tests.procs import REPO, Proc, Procs, kill, stop
-
-
-@pytest.fixture
-async def procs(fc: FakeController) -> AsyncIterator[Procs]:
-    """Stopped before ``fc`` and off the event loop, so that the fake controller (on this loop) answers the
-    brokers' controlled shutdown: one whose controller does not answer retries it until
-    controlled.shutdown.max.wait.ms."""
-    p = Procs()
-    try:
-        yield p
-    finally:
-        await asyncio.to_thread(p.close)
-
-
-@pytest.fixture
-async def fc() -> AsyncIterator[FakeController]:
-    c = await FakeController().start()
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def start(procs: Procs, fc: FakeController, data_dir: Path, **sets: Any) -> Proc:
