@@ -35,6 +35,17 @@ START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 20.0
 
 
+# Settings for a fast-failing-over test cluster of real processes: fenced after 2 s of silence, short fetch
+# waits and timeouts, a bounded controlled shutdown.
+SESSION_MS = 2000
+HEARTBEAT_MS = 300
+CONTROLLER_SETS = {"broker.session.timeout.ms": SESSION_MS, "broker.heartbeat.interval.ms": HEARTBEAT_MS,
+                   "auto.leader.rebalance.enable": False}
+BROKER_SETS = {"broker.heartbeat.interval.ms": HEARTBEAT_MS, "broker.session.timeout.ms": SESSION_MS,
+               "replica.fetch.wait.max.ms": 200, "request.timeout.ms": 5000, "replica.fetch.backoff.ms": 200,
+               "replica.socket.timeout.ms": 3000, "controlled.shutdown.max.wait.ms": 3000}
+
+
 @dataclass
 class Proc:
     role: str

@@ -212,13 +212,6 @@ async def test_sigterm_with_a_failing_hw_checkpoint_still_closes_the_logs_then_e
 
 # ---- a real cluster: the leader's disk fails, a follower takes over -----------------------------------------
 
-SESSION_MS = 2000
-HEARTBEAT_MS = 300
-CONTROLLER_SETS = {"broker.session.timeout.ms": SESSION_MS, "broker.heartbeat.interval.ms": HEARTBEAT_MS,
-                   "auto.leader.rebalance.enable": False}
-BROKER_SETS = {"broker.heartbeat.interval.ms": HEARTBEAT_MS, "broker.session.timeout.ms": SESSION_MS,
-               "replica.fetch.wait.max.ms": 200, "request.timeout.ms": 5000, "replica.fetch.backoff.ms": 200,
-               "replica.socket.timeout.ms": 3000, "controlled.shutdown.max.wait.ms": 3000}
 
 
 async def wait_for(what: str, timeout_s: float, probe: Any) -> Any:
@@ -263,11 +256,11 @@ async def test_a_leader_whose_disk_fails_halts_and_a_follower_takes_over_with_ev
     before and after, is readable from the new leader."""
     topic = "disk"
     tp = TopicPartition(topic, 0)
-    ctl = await asyncio.to_thread(procs.controller, tmp_path / "controller", sets=CONTROLLER_SETS)
+    ctl = await asyncio.to_thread(procs.controller, tmp_path / "controller", sets=P.CONTROLLER_SETS)
     brokers = {}
     for n in (1, 2, 3):
         brokers[n] = await asyncio.to_thread(procs.broker_piped, n, tmp_path / f"broker-{n}", ctl.address,
-                                             sets=BROKER_SETS)
+                                             sets=P.BROKER_SETS)
     rpc = RpcClient(timeout_s=10)
     try:
         async def all_live() -> bool:

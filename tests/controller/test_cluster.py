@@ -30,13 +30,6 @@ pytestmark = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("storage.log", "storage.log_manager", "broker.process")),
     reason="the broker process needs storage.log / storage.log_manager (not there yet)")
 
-SESSION_MS = 2000
-HEARTBEAT_MS = 300
-CONTROLLER_SETS = {"broker.session.timeout.ms": SESSION_MS, "broker.heartbeat.interval.ms": HEARTBEAT_MS,
-                   "auto.leader.rebalance.enable": False}
-BROKER_SETS = {"broker.heartbeat.interval.ms": HEARTBEAT_MS, "broker.session.timeout.ms": SESSION_MS,
-               "replica.fetch.wait.max.ms": 200, "request.timeout.ms": 5000, "replica.fetch.backoff.ms": 200,
-               "replica.socket.timeout.ms": 3000, "controlled.shutdown.max.wait.ms": 3000}
 
 
 class Cluster:
@@ -55,15 +48,15 @@ class Cluster:
     def start_controller(self, address: str | None = None) -> P.Proc:
         data_dir = self.root / "controller"
         if address is None:
-            self.controller = self.procs.controller(data_dir, sets=CONTROLLER_SETS)
+            self.controller = self.procs.controller(data_dir, sets=P.CONTROLLER_SETS)
         else:  # a restart on the same address, so the brokers find it again
-            args = ["controller", "--listen", address, "--data-dir", str(data_dir), *P._settings(CONTROLLER_SETS)]
+            args = ["controller", "--listen", address, "--data-dir", str(data_dir), *P._settings(P.CONTROLLER_SETS)]
             self.controller = P.spawn("controller", args, data_dir)
             self.procs.all.append(self.controller)
         return self.controller
 
     def start_broker(self, node_id: int) -> P.Proc:
-        proc = self.procs.broker(node_id, self.root / f"broker-{node_id}", self.ctl, sets=BROKER_SETS)
+        proc = self.procs.broker(node_id, self.root / f"broker-{node_id}", self.ctl, sets=P.BROKER_SETS)
         self.brokers[node_id] = proc
         return proc
 
@@ -223,7 +216,7 @@ async def test_kill_leader_while_producing_loses_no_acknowledged_record(cluster:
         print(f"\nfailover: leader {victim} -> {after['leader']}, leader_epoch {first['leader_epoch']} -> "
               f"{after['leader_epoch']}; {len(acked)} records acknowledged; fenced by {fenced[0]['reason']}; "
               f"kill -> first acks=all write acknowledged by the new leader: "
-              f"{(recovered_at or [float('nan')])[0] - killed_at[0]:.2f} s (session timeout {SESSION_MS} ms)")
+              f"{(recovered_at or [float('nan')])[0] - killed_at[0]:.2f} s (session timeout {P.SESSION_MS} ms)")
         assert after["leader"] != victim and after["leader"] in first["isr"]
         assert after["leader_epoch"] > first["leader_epoch"] and victim not in after["isr"]
         assert len(acked) > 100, "writes continued after the failover"
@@ -285,7 +278,7 @@ async def test_controller_kill_and_restart(cluster: Cluster) -> None:
         resp = await c.rpc.call(c.address(part["leader"]), "leader_and_isr", old)
         assert resp["error"] == ErrorCode.STALE_CONTROLLER_EPOCH
         # the brokers stay registered past the session timeout (they heartbeat the new controller)
-        await asyncio.sleep(SESSION_MS / 1000 * 1.5)
+        await asyncio.sleep(P.SESSION_MS / 1000 * 1.5)
         status = await c.rpc.get_json(c.ctl, "/v1/status")
         assert not any(b["fenced"] for b in status["brokers"])
         r = await produce(c.rpc, c.address(part["leader"]), "events", [b"after-restart"])
