@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import re
 import sys
 import tempfile
@@ -85,6 +86,31 @@ def _conf(items: list[str]) -> dict[str, str]:
     return out
 
 
+MIN_DRIVER_MEMORY = 4 << 30  # bytes; what a 20-minute chaos run's export (10M rows) needed
+HEAP_PER_ROW = 512  # bytes of JVM heap per exported row (records + polls + sends); see driver_memory_for
+RAM_SHARE = 0.6  # at most this share of the machine's memory
+
+
+def driver_memory_for(counts: dict[str, Any], ram_bytes: int) -> str:
+    """The default ``spark.driver.memory`` for an export: its heap runs every task in local mode, and the
+    joins over records, polls and sends need it in proportion to them. 4g audited a 20-minute chaos run's
+    10M rows and ran out (a broadcast join's hash map) on a 5-minute run's 20.6M, which 8g audited: about
+    400 bytes a row, taken as 512. Never below 4g, never above ``RAM_SHARE`` of ``ram_bytes`` (a larger
+    export then needs a bigger machine or ``--conf spark.driver.memory``). A heap is reserved, not used,
+    until the data needs it."""
+    rows = sum(int(counts.get(k) or 0) for k in ("records", "polls", "sends"))
+    want = max(MIN_DRIVER_MEMORY, rows * HEAP_PER_ROW)
+    cap = int(ram_bytes * RAM_SHARE) if ram_bytes > 0 else want
+    return f"{max(min(want, cap), 1 << 30) >> 20}m"
+
+
+def _ram_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 0
+
+
 def check_report_path(path: Path) -> None:
     """``CliError`` unless a report can be written at ``path`` (checked before the audit, which is slow).
     The report is written as ``<path>.tmp`` and renamed, so its directory must take a new file."""
@@ -129,7 +155,7 @@ def run_audit_command(args: argparse.Namespace) -> int:
         raise CliError("--evidence-rows must be at least 1")
     check_master(args.master)
     try:
-        schema.read_manifest(args.export_dir)  # fail before starting a JVM
+        manifest = schema.read_manifest(args.export_dir)  # fail before starting a JVM
     except ValueError as exc:
         raise CliError(str(exc)) from None
     if args.report is not None:
@@ -144,7 +170,8 @@ def run_audit_command(args: argparse.Namespace) -> int:
     # Called in-process next to a running session (tests, notebooks): use it and leave it running.
     existing = SparkSession.getActiveSession()
     try:
-        spark = existing or build_session(args.master, extra_conf=conf)
+        memory = conf.get("spark.driver.memory") or driver_memory_for(manifest.get("counts") or {}, _ram_bytes())
+        spark = existing or build_session(args.master, driver_memory=memory, extra_conf=conf)
     except (Py4JError, PySparkException) as exc:  # no JVM (no Java), a master it refuses or cannot reach
         raise CliError(f"cannot start Spark with --master {args.master}: {_one_line(exc)}") from None
     try:

@@ -102,3 +102,17 @@ def test_audit_help_gives_the_exit_statuses(capsys: pytest.CaptureFixture[str]) 
     help_text = " ".join(capsys.readouterr().out.split())
     assert ("Exit status: 0 no violation, 1 a violation found, 2 a usage or environment error" in help_text)
 
+
+
+def test_the_default_heap_grows_with_the_export_within_the_machine() -> None:
+    # 4g ran out on a 5-minute chaos run's export (10.3M records, 6.9M polls, 3.4M sends); 8g audited it
+    from audit.cli import driver_memory_for
+
+    gib = 1 << 30
+    chaos_5min = {"records": 10_298_367, "polls": 6_865_578, "sends": 3_432_789}
+    assert driver_memory_for(chaos_5min, 24 * gib) == f"{20_596_734 * 512 >> 20}m"  # ~9.8 GiB
+    assert int(driver_memory_for(chaos_5min, 24 * gib)[:-1]) >= 8 * 1024
+    assert driver_memory_for({"records": 1000}, 24 * gib) == "4096m"  # never below 4g
+    assert driver_memory_for(chaos_5min, 8 * gib) == f"{int(8 * gib * 0.6) >> 20}m"  # at most 60 % of the RAM
+    assert driver_memory_for({}, gib) == "1024m"
+    assert driver_memory_for(chaos_5min, 0) == f"{20_596_734 * 512 >> 20}m"  # RAM unknown: no cap
