@@ -383,6 +383,8 @@ class NoKeySeparatorError(ValueError):
     """A line without the --key-separator: Kafka's console producer refuses it too, rather than send it
     with a null key that the user did not ask for."""
 
+    report_name = "NO_KEY_SEPARATOR"  # for client.errors.error_name
+
 
 def split_key(line: bytes, separator: bytes | None) -> tuple[bytes | None, bytes]:
     line = line.removesuffix(b"\r")
@@ -442,7 +444,7 @@ async def produce_main(args: argparse.Namespace, stdin: BinaryIO, out: TextIO) -
         counts["failed"] += 1
         maybe = sent and not is_definite_failure(exc)
         counts["maybe_written"] += maybe
-        name = "NO_KEY_SEPARATOR" if isinstance(exc, NoKeySeparatorError) else error_name(exc)
+        name = error_name(exc)
         if not first_error:
             first_error.append(f"line {line_no}: {name}: {exc}")
         if args.delivery_report:

@@ -28,29 +28,37 @@ __all__ = [
 
 
 class ClientError(MinibrokerError):
-    """A client-side failure that is not a wire code."""
+    """A client-side failure that is not a wire code. ``report_name``: its name in delivery reports, in the
+    style of the wire codes' names (``error_name``); None for the class name."""
+
+    report_name: str | None = None
 
 
 class DeliveryTimeoutError(ClientError):
     """``delivery.timeout.ms`` passed before the record was acknowledged (Kafka's TimeoutException)."""
 
     code = ErrorCode.REQUEST_TIMED_OUT
+    report_name = "DELIVERY_TIMEOUT"
 
 
 class NoBrokersAvailableError(ClientError):
     """None of the bootstrap or known brokers answered."""
 
     code = ErrorCode.NETWORK_EXCEPTION
+    report_name = "NO_BROKERS_AVAILABLE"
 
 
 class BufferExhaustedError(ClientError):
     """``buffer.memory`` stayed full for ``max.block.ms`` (Kafka's BufferExhaustedException)."""
 
     code = ErrorCode.REQUEST_TIMED_OUT
+    report_name = "BUFFER_EXHAUSTED"
 
 
 class ProducerClosedError(ClientError):
     """``send`` after ``close``."""
+
+    report_name = "PRODUCER_CLOSED"
 
 
 class ProducerIdUnavailableError(ClientError):
@@ -59,6 +67,7 @@ class ProducerIdUnavailableError(ClientError):
     TimeoutException "Timeout expired after ...ms while awaiting InitProducerId")."""
 
     code = ErrorCode.REQUEST_TIMED_OUT
+    report_name = "PRODUCER_ID_UNAVAILABLE"
 
 
 class UnsupportedVersionError(ClientError):
@@ -66,6 +75,7 @@ class UnsupportedVersionError(ClientError):
     ``enable.idempotence=true`` (Kafka's UnsupportedVersionException, fatal for the producer)."""
 
     code = ErrorCode.INVALID_REQUEST
+    report_name = "UNSUPPORTED_VERSION"
 
 
 class CorruptRecordError(ClientError):
@@ -95,20 +105,11 @@ def is_definite_failure(exc: BaseException) -> bool:
 
 
 def error_name(exc: BaseException) -> str:
-    """The short name used in delivery reports: the wire code's name, a name in the same style for the
-    client-side conditions, else the class name."""
-    if isinstance(exc, DeliveryTimeoutError):
-        return "DELIVERY_TIMEOUT"
-    if isinstance(exc, BufferExhaustedError):
-        return "BUFFER_EXHAUSTED"
-    if isinstance(exc, NoBrokersAvailableError):
-        return "NO_BROKERS_AVAILABLE"
-    if isinstance(exc, ProducerIdUnavailableError):
-        return "PRODUCER_ID_UNAVAILABLE"
-    if isinstance(exc, UnsupportedVersionError):
-        return "UNSUPPORTED_VERSION"
-    if isinstance(exc, ProducerClosedError):
-        return "PRODUCER_CLOSED"
+    """The short name used in delivery reports: the wire code's name, the ``report_name`` of a client-side
+    condition (any exception class may carry one), else the class name."""
+    name = getattr(exc, "report_name", None)
+    if isinstance(name, str):
+        return name
     if isinstance(exc, MinibrokerError) and not isinstance(exc, ClientError):
         return exc.code.name
     return type(exc).__name__
