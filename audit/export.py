@@ -23,7 +23,7 @@ anywhere else it is ``corrupt_batch``. Unreadable checkpoints are
 ``bad_checkpoint`` rows and their values are unknown (-1). Numbers that do not
 fit their Parquet column (int64 offsets and times, int32 partitions, epochs and
 broker ids) count as unreadable: such a checkpoint is ``bad_checkpoint``, such a
-batch ``corrupt_batch`` (offsets) or ``bad_records`` (timestamps, sequences), a
+batch ``corrupt_batch`` (offsets) or ``bad_records`` (timestamps), a
 segment name ``bad_name``, and a ``<topic>-<partition>`` directory name is not a
 partition directory. Nothing of this is fatal: the export always completes and
 the audit reports the damage.
@@ -78,6 +78,7 @@ from controller.journal import JOURNAL_NAME, SNAPSHOT_NAME, read_image
 from controller.state import MetadataImage
 from storage.checkpoint import CheckpointError, read_epochs, read_offsets, read_properties
 from storage.log import opened_log_start, parse_topic_partition
+from storage.producer_state import increment_sequence
 from storage.record_batch import (
     HEADER_SIZE,
     MIN_BATCH_LENGTH,
@@ -286,8 +287,6 @@ def _record_rows(broker: int, tp: TopicPartition, segment: str, pos: int, h: Bat
     if h.next_offset > INT64_MAX:  # base_offset is outside the CRC: a flipped bit gets here
         raise _OutOfRange("corrupt_batch", f"batch at {pos}: offsets {h.base_offset}..{h.last_offset} "
                                            "go beyond int64")
-    if h.base_sequence >= 0 and h.base_sequence + h.last_offset_delta > INT32_MAX:
-        raise _OutOfRange("bad_records", f"batch at {pos}: sequences from {h.base_sequence} go beyond int32")
     rows = []
     for r in decode_records(buf, pos):
         if not INT64_MIN <= h.first_timestamp + r.timestamp_delta <= INT64_MAX:
@@ -299,7 +298,10 @@ def _record_rows(broker: int, tp: TopicPartition, segment: str, pos: int, h: Bat
                      "batch_crc": h.crc, "key": r.key, "value": r.value,
                      "timestamp": h.first_timestamp + r.timestamp_delta, "producer_id": h.producer_id,
                      "producer_epoch": h.producer_epoch,
-                     "sequence": h.base_sequence + r.offset_delta if h.base_sequence >= 0 else -1,
+                     # a batch's sequences wrap from 2**31-1 to 0, as its producer's do (Kafka's
+                     # DefaultRecordBatch.incrementSequence)
+                     "sequence": increment_sequence(h.base_sequence, r.offset_delta) if h.base_sequence >= 0
+                     else -1,
                      "segment": segment, "position": pos})
     return rows
 

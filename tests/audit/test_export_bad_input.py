@@ -202,10 +202,6 @@ def _damage(c: Path, case: str) -> None:
     elif case == "batch_offsets":
         last.write_bytes(last.read_bytes() + build_batch([(None, b"x"), (None, b"y")], base_offset=INT64_MAX,
                                                          timestamp_ms=1))
-    elif case == "batch_sequence":
-        last.write_bytes(last.read_bytes() + build_batch([(None, b"x"), (None, b"y")], base_offset=6,
-                                                         timestamp_ms=1, producer_id=1, producer_epoch=0,
-                                                         base_sequence=INT32_MAX))
     elif case == "batch_timestamp":
         batch = build_batch([(None, b"x", 1), (None, b"y", 2)], base_offset=6, timestamp_ms=1)
         last.write_bytes(last.read_bytes() + _set_first_timestamp(batch, INT64_MAX))
@@ -221,7 +217,6 @@ def _damage(c: Path, case: str) -> None:
     ("meta_not_int", "broker-0/meta.properties", "bad_checkpoint", "node.id 'abc' is not an integer"),
     ("segment_name", "broker-0/t-0/99999999999999999999.log", "bad_name", "20-digit"),
     ("batch_offsets", "broker-0/t-0/00000000000000000003.log", "corrupt_batch", "go beyond int64"),
-    ("batch_sequence", "broker-0/t-0/00000000000000000003.log", "bad_records", "go beyond int32"),
     ("batch_timestamp", "broker-0/t-0/00000000000000000003.log", "bad_records", "timestamp beyond int64"),
 ])
 def test_numbers_beyond_their_columns_in_broker_files_are_damage(
@@ -237,6 +232,19 @@ def test_numbers_beyond_their_columns_in_broker_files_are_damage(
     rep = {r["broker"]: r for r in table(out, "replicas")}
     assert rep[0]["damaged"] is (kind != "bad_checkpoint" or file.endswith("leader-epoch-checkpoint"))
     assert len([r for r in table(out, "records") if r["broker"] == 1]) == 6
+
+
+def test_sequences_of_a_batch_wrap_from_int32_max_to_0_as_its_producer_s_do(tmp_path: Path) -> None:
+    c = cluster(tmp_path / "c")
+    last = c / "broker-0" / "t-0" / "00000000000000000003.log"
+    last.write_bytes(last.read_bytes() + build_batch([(None, b"x"), (None, b"y"), (None, b"z")], base_offset=6,
+                                                     timestamp_ms=1, producer_id=1, producer_epoch=0,
+                                                     base_sequence=INT32_MAX - 1))
+    out = tmp_path / "e"
+    assert export([c], out).damaged == 0
+    rows = sorted((r["offset"], r["sequence"]) for r in table(out, "records")
+                  if r["broker"] == 0 and r["offset"] >= 6)
+    assert rows == [(6, INT32_MAX - 1), (7, INT32_MAX), (8, 0)]
 
 
 def test_a_partition_number_beyond_int32_is_not_a_partition_dir(tmp_path: Path) -> None:
