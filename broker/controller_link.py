@@ -103,6 +103,11 @@ class ControllerLink:
             return
         error = ErrorCode.of(_int(resp, "error"))
         epoch = _int(resp, "broker_epoch")
+        if error is ErrorCode.DUPLICATE_BROKER_REGISTRATION:
+            # a restart before the previous incarnation's session ended, or another process with this node id
+            log.warning("registration_refused", broker_id=self._rm.broker_id, error=error.name,
+                        hint="another incarnation of this node id holds a session; retrying until it ends")
+            return
         if error is not ErrorCode.NONE or epoch < 0:
             log.warning("registration_refused", broker_id=self._rm.broker_id, error=error.name)
             return

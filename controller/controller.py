@@ -253,8 +253,20 @@ class Controller:
 
     # --- broker lifecycle ---
 
-    async def register_broker(self, node_id: int, host: str, port: int, incarnation_id: str) -> int:
+    async def register_broker(self, node_id: int, host: str, port: int, incarnation_id: str) -> tuple[ErrorCode, int]:
+        """-> (NONE, the new broker epoch), or (DUPLICATE_BROKER_REGISTRATION, -1) while another incarnation
+        of ``node_id`` holds a valid session (Kafka's ClusterControlManager.registerBroker): two processes
+        configured with one node id would otherwise take the registration from each other in turn, and
+        each, with its own log, would count as the other's replica. A restarted broker is answered so until
+        its previous incarnation is fenced (session timeout, or a completed controlled shutdown); it
+        retries meanwhile, as Kafka's broker does."""
         async with self._lock:
+            if self._has_valid_session(node_id, incarnation_id):
+                reg = self.image.brokers[node_id]
+                log.warning("broker_registration_refused", broker_id=node_id, incarnation_id=incarnation_id,
+                            registered_incarnation_id=reg.incarnation_id, broker_epoch=reg.broker_epoch,
+                            host=host, port=port, registered_host=reg.host, registered_port=reg.port)
+                return ErrorCode.DUPLICATE_BROKER_REGISTRATION, -1
             plan, epoch = ops.register_broker(self.image, node_id, host, port, incarnation_id, self.live(),
                                               unclean_default=self.unclean_default)
             await self._commit(plan)
@@ -263,7 +275,16 @@ class Controller:
         log.info("broker_registered", broker_id=node_id, broker_epoch=epoch, host=host, port=port,
                  incarnation_id=incarnation_id)
         self.propagator.full_sync(node_id)
-        return epoch
+        return ErrorCode.NONE, epoch
+
+    def _has_valid_session(self, node_id: int, incarnation_id: str) -> bool:
+        """Another incarnation of ``node_id`` is registered, unfenced and heard from within the session
+        timeout (Kafka's BrokerHeartbeatManager.hasValidSession: a fenced broker has no session)."""
+        reg = self.image.brokers.get(node_id)
+        if reg is None or reg.fenced or reg.incarnation_id == incarnation_id:
+            return False
+        heard = self.last_heard.get(node_id)
+        return heard is not None and self.clock.monotonic_ms() - heard <= self.session_timeout_ms
 
     def _registration_error(self, node_id: int, broker_epoch: int) -> ErrorCode:
         """BROKER_ID_NOT_REGISTERED / STALE_BROKER_EPOCH unless ``node_id`` is registered at ``broker_epoch``:

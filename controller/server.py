@@ -68,8 +68,8 @@ async def broker_registration(c: Controller, body: dict[str, Any]) -> dict[str, 
     incarnation = field(body, "incarnation_id", str, "")
     if not host:
         raise BadRequest("field 'host' must not be empty")
-    epoch = await c.register_broker(node_id, host, port, incarnation)
-    return {"error": 0, "broker_epoch": epoch}
+    error, epoch = await c.register_broker(node_id, host, port, incarnation)
+    return {"error": int(error), "broker_epoch": epoch}
 
 
 async def broker_heartbeat(c: Controller, body: dict[str, Any]) -> dict[str, Any]:

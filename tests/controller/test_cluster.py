@@ -367,7 +367,7 @@ async def test_restarted_broker_rejoins_the_isr_with_its_new_epoch(cluster: Clus
         values = [f"j{i}".encode() for i in range(20)]
         assert (await produce(c.rpc, c.address(first["leader"]), "jobs", values))["error"] == 0
         P.kill(c.brokers[follower])
-        c.start_broker(follower)  # a new incarnation, before its session times out
+        c.start_broker(follower)  # a new incarnation, before the old one's session times out
 
         async def rejoined() -> bool:
             part = await c.partition("jobs")
@@ -376,9 +376,14 @@ async def test_restarted_broker_rejoins_the_isr_with_its_new_epoch(cluster: Clus
         assert c.controller is not None
         regs = [e for e in c.controller.events("broker_registered") if e["broker_id"] == follower]
         assert len(regs) == 2 and regs[1]["broker_epoch"] > regs[0]["broker_epoch"]
+        # refused (DUPLICATE_BROKER_REGISTRATION) while the killed incarnation's session lasted, then fenced
+        # at its end, which took it out of the ISR; only then registered (Kafka's ClusterControlManager)
+        assert [e for e in c.controller.events("broker_registration_refused") if e["broker_id"] == follower]
+        assert [e["reason"] for e in c.controller.events("broker_fenced") if e["broker_id"] == follower] == \
+            ["session_timeout"]
         shrinks = [e for e in c.controller.events("isr_changed")
                    if e.get("topic") == "jobs" and follower not in e["isr"]]
-        assert shrinks and shrinks[0]["reason"] == "reregistration", "left the ISR at registration"
+        assert shrinks and shrinks[0]["reason"] == "offline", "left the ISR when fenced"
         part = await c.partition("jobs")
         assert part["leader"] == first["leader"] and part["leader_epoch"] == first["leader_epoch"]
         view = await c.broker_partition(follower, "jobs")

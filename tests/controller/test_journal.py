@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from common.errors import ErrorCode
 from common.wire import TopicPartition
 from controller.journal import JOURNAL_NAME, SNAPSHOT_NAME, Journal, JournalCorruptError
 from controller.state import (
@@ -306,7 +307,8 @@ async def test_the_controller_answers_a_committed_change_and_exits_when_its_snap
     await c.start()
     try:
         (tmp_path / (JOURNAL_NAME + ".tmp")).mkdir()
-        assert await c.register_broker(1, "127.0.0.1", 9001, "a") > 0  # committed, then the snapshot fails
+        error, epoch = await c.register_broker(1, "127.0.0.1", 9001, "a")  # committed, then the snapshot fails
+        assert error is ErrorCode.NONE and epoch > 0
         assert c.fatal.is_set()  # the process exits, to restart and replay
     finally:
         await c.close()

@@ -163,6 +163,47 @@ async def test_heartbeats_and_stale_epochs(h: Harness) -> None:
     assert ap["error"] == ErrorCode.STALE_BROKER_EPOCH
 
 
+async def _register_as(h: Harness, node_id: int, incarnation: str) -> dict[str, Any]:
+    fb = h.brokers[node_id]
+    return await h.call("broker_registration", {"node_id": node_id, "host": "127.0.0.1", "port": fb.port,
+                                                "incarnation_id": incarnation})
+
+
+async def test_another_incarnation_is_refused_while_the_registered_one_has_a_session(h: Harness) -> None:
+    """Kafka's DUPLICATE_BROKER_REGISTRATION: a second process with the same node id (or a restart before the
+    old session ended) gets no epoch; it gets one once the registered incarnation is fenced."""
+    for b in (1, 2):
+        await h.add_broker(b)
+    assert await h.create("t", 1, 2) == 0
+    before = await h.partition("t", 0)
+    first = h.epochs[1]
+    twin = await _register_as(h, 1, "twin")
+    assert twin == {"error": ErrorCode.DUPLICATE_BROKER_REGISTRATION, "broker_epoch": -1}
+    assert await h.partition("t", 0) == before, "nothing changed"
+    assert not (await h.heartbeat(1))["error"], "the registered incarnation keeps its epoch"
+    again = await h.register(1)  # the same incarnation registering again (a lost answer): a new epoch
+    assert again > first
+    # the session ends without a heartbeat: fenced, and then the other incarnation may register
+    h.clock.advance(SESSION_MS // 2)
+    await h.heartbeat(2)
+    assert (await _register_as(h, 1, "twin"))["error"] == ErrorCode.DUPLICATE_BROKER_REGISTRATION
+    h.clock.advance(SESSION_MS // 2 + 1)
+    assert await h.c.check_liveness() == [1]
+    accepted = await _register_as(h, 1, "twin")
+    assert accepted["error"] == 0 and accepted["broker_epoch"] > again
+    assert h.c.image.brokers[1].incarnation_id == "twin"
+
+
+async def test_a_new_incarnation_registers_at_once_after_a_completed_controlled_shutdown(h: Harness) -> None:
+    for b in (1, 2):
+        await h.add_broker(b)
+    assert await h.create("t", 1, 2) == 0
+    resp = await h.call("controlled_shutdown", {"node_id": 1, "broker_epoch": h.epochs[1]})
+    assert resp == {"error": 0, "remaining_partitions": []}
+    accepted = await _register_as(h, 1, "restarted")
+    assert accepted["error"] == 0 and accepted["broker_epoch"] > h.epochs[1]
+
+
 async def test_silent_broker_is_fenced_and_leadership_moves(h: Harness) -> None:
     for b in (1, 2, 3):
         await h.add_broker(b)
