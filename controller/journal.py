@@ -41,7 +41,6 @@ from storage.checkpoint import fsync_dir
 JOURNAL_NAME = "metadata.journal"
 SNAPSHOT_NAME = "metadata.snapshot"
 _FRAME = struct.Struct(">II")
-MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 
 class JournalCorruptError(Exception):
@@ -63,13 +62,17 @@ def encode_frame(payload: dict[str, Any]) -> bytes:
 
 
 def read_frames(buf: bytes) -> tuple[list[dict[str, Any]], int]:
-    """Whole, valid frames from the start of ``buf`` and the byte length they cover."""
+    """Whole, valid frames from the start of ``buf`` and the byte length they cover.
+
+    A frame's length has no cap other than the bytes there: the writer has none either (one operation's
+    records, or the whole image, are one frame), and a cap here would turn a complete, fsynced frame above it
+    into a "torn tail" and cut it and every acknowledged frame after it."""
     frames: list[dict[str, Any]] = []
     pos = 0
     while pos + _FRAME.size <= len(buf):
         length, crc = _FRAME.unpack_from(buf, pos)
         end = pos + _FRAME.size + length
-        if length > MAX_FRAME_BYTES or end > len(buf):
+        if end > len(buf):
             break
         body = buf[pos + _FRAME.size:end]
         if zlib.crc32(body) != crc:
@@ -229,7 +232,7 @@ def _refuse_damage_before_valid_frames(path: Path, raw: bytes, bad: int) -> None
         return
     length, _crc = _FRAME.unpack_from(raw, bad)
     after = bad + _FRAME.size + length
-    if length > MAX_FRAME_BYTES or after >= len(raw):
+    if after >= len(raw):
         return
     following, _ = read_frames(raw[after:])
     if following:

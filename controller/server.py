@@ -66,8 +66,10 @@ async def broker_registration(c: Controller, body: dict[str, Any]) -> dict[str, 
     host = field(body, "host", str)
     port = int_field(body, "port", lo=1, hi=65535)
     incarnation = field(body, "incarnation_id", str, "")
-    if not host:
-        raise BadRequest("field 'host' must not be empty")
+    if not host or len(host) > 255 or not host.isascii() or not host.isprintable() or " " in host:
+        # it becomes part of every URL other brokers and clients build for this broker
+        raise BadRequest(f"field 'host' must be a host name or address (1-255 printable ASCII characters, no "
+                         f"spaces), got {host[:80]!r}")
     error, epoch = await c.register_broker(node_id, host, port, incarnation)
     return {"error": int(error), "broker_epoch": epoch}
 
@@ -105,6 +107,13 @@ def _alter_items(body: dict[str, Any]) -> list[ops.AlterItem]:
             items.append(ops.AlterItem(TopicPartition(topic, int_field(p, "partition", lo=0, hi=MAX_INT32)),
                                        int_field(p, "leader_epoch"), int_field(p, "partition_epoch"),
                                        tuple(int_list(p, "new_isr")), epochs))
+    # each item is checked against the image before the request, so two for one partition would both pass at
+    # its partition epoch and be answered with different ISRs while only the last is committed
+    seen: set[TopicPartition] = set()
+    for item in items:
+        if item.tp in seen:
+            raise BadRequest(f"partition {item.tp} appears more than once")
+        seen.add(item.tp)
     return items
 
 

@@ -171,6 +171,22 @@ def _size_of(d: Path, ops: list[list[Record]]) -> int:
     return (d / JOURNAL_NAME).stat().st_size
 
 
+def test_a_frame_above_64_mib_replays_in_the_journal_and_as_the_snapshot(tmp_path: Path) -> None:
+    # one operation is one frame and the whole image is one snapshot frame, of any size (a CreateTopics of
+    # ~630k partitions passes 64 MiB): a complete frame must replay, never be cut as a torn tail
+    big = [TopicRecord("big", {"note": "x" * (65 << 20)})]
+    ops = [OPS[0], big, OPS[1]]
+    journal, _image = written(tmp_path, ops)
+    journal.close()
+    assert (tmp_path / JOURNAL_NAME).stat().st_size > 65 << 20
+    j2, replayed = Journal.open(tmp_path)
+    assert (replayed, j2.offset, j2.truncated_bytes) == (image_of(ops), 3, 0)
+    assert j2.snapshot(replayed) is None
+    j2.close()
+    assert (tmp_path / SNAPSHOT_NAME).stat().st_size > 65 << 20
+    assert replay(tmp_path) == image_of(ops)
+
+
 def test_snapshot_then_journal(tmp_path: Path) -> None:
     journal, image = written(tmp_path, OPS[:4])
     journal.snapshot(image)

@@ -279,6 +279,15 @@ async def test_alter_partition_over_http(h: Harness) -> None:
         assert resp["error"] == 0
         return dict(resp["topics"][0]["partitions"][0])
 
+    # one partition twice in a request: refused whole, before either is checked against the same image
+    twice = [{"partition": 0, "leader_epoch": 0, "partition_epoch": 0, "new_isr": isr} for isr in ([leader, f1],
+                                                                                               [leader, f2])]
+    async with aiohttp.ClientSession() as session, session.post(
+            f"http://{h.address}/v1/alter_partition", headers={"Content-Type": CONTENT_TYPE},
+            data=encode({"broker_id": leader, "broker_epoch": h.epochs[leader],
+                         "topics": [{"topic": "t", "partitions": twice}]})) as resp:
+        assert resp.status == 400 and "partition t-0 appears more than once" in await resp.text()
+    assert await h.partition("t", 0) == p
     shrunk = await alter([leader, f1], pe=0)
     assert shrunk == {"partition": 0, "error": 0, "leader": leader, "leader_epoch": 0, "isr": [leader, f1],
                       "partition_epoch": 1}
@@ -434,6 +443,15 @@ async def test_bad_bodies_are_400(h: Harness, api: str, body: bytes) -> None:
         assert resp.status == 400, await resp.text()
         assert api in await resp.text()
     assert h.c.image.topics == {} and h.c.image.brokers == {}
+
+
+@pytest.mark.parametrize("host", ["", "a\r\nb", "a b", "h\u00e9te", "h" * 256])
+async def test_a_registration_with_a_host_no_url_can_carry_is_400(h: Harness, host: str) -> None:
+    async with aiohttp.ClientSession() as session, session.post(
+            f"http://{h.address}/v1/broker_registration", headers={"Content-Type": CONTENT_TYPE},
+            data=encode({"node_id": 1, "host": host, "port": 9000, "incarnation_id": "x"})) as resp:
+        assert resp.status == 400 and "field 'host'" in await resp.text()
+    assert h.c.image.brokers == {}
 
 
 async def allocate(h: Harness, node_id: int, epoch: int | None = None) -> dict[str, Any]:
