@@ -127,11 +127,16 @@ class ReplicaManager:
             p.state = p.state.with_high_watermark(hw)
         self.fetch_purgatory.check_and_complete(tp)
 
-    def on_follower_truncated(self, tp: TopicPartition, offset: int, reason: str) -> None:
+    def truncations_done(self) -> None:
         # Kafka's LogManager.truncateTo writes the recovery-point checkpoint at once: one still above the
         # truncation point would let a restart after a power loss trust (skip the CRC checks of) batches
-        # appended since, which were never fsynced. One small fsynced write; truncations are rare.
+        # appended since, which were never fsynced. The fetcher calls this once per round of truncations,
+        # before it appends or awaits: Kafka writes once per truncated partition, which with each write
+        # covering every log is quadratic in the partitions a leader change moves (2,000 at once held this
+        # event loop for 7 s, past the session timeout).
         self.log_manager.checkpoint_recovery_points_and_log_starts()
+
+    def on_follower_truncated(self, tp: TopicPartition, offset: int, reason: str) -> None:
         p = self.partitions.get(tp)
         if p is None:
             return

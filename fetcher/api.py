@@ -68,6 +68,14 @@ class FollowerPartitions(Protocol):
         """After a truncation: HW is clamped to the new LEO; logged as ``log_truncated``."""
         ...
 
+    def truncations_done(self) -> None:
+        """Make the truncations reported since the last call durable (the recovery-point checkpoint).
+
+        Called once after a round of ``on_follower_truncated`` calls, before the fetcher awaits anything or
+        appends: one checkpoint write for the whole round, not one per partition (a leader change moves
+        many partitions at once, and each write covers every log of the broker)."""
+        ...
+
 
 class FollowerHighWatermarks(Protocol):
     """Optional (added by the fetcher): the local HW, used only when the leader has no epoch for ours.

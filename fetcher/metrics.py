@@ -69,7 +69,6 @@ class FetcherStats:
     truncations: int = 0
     partition_errors: int = 0
     backoffs: int = 0
-    first_append_delays_ms: list[int] = field(default_factory=list)  # partition added -> first append
 
 
 @dataclass(slots=True)

@@ -133,6 +133,7 @@ class FetcherTask:
         # (leader HW, leader log start, local LEO) last passed to on_follower_appended, per partition
         self._reported: dict[TopicPartition, tuple[int, int, int]] = {}
         self._added_ms: dict[TopicPartition, int] = {}  # until the first append after (re)adding
+        self._unsaved_truncations = 0  # truncations the broker has not yet checkpointed (truncations_done)
         self._backoff_until_ms = 0
         self._wakeup = asyncio.Event()
         self._inflight: asyncio.Future[FetchResponse] | None = None  # the fetch being awaited
@@ -206,7 +207,20 @@ class FetcherTask:
         except LeaderUnavailableError as exc:
             self._back_off(str(exc))
             return WorkResult(truncations, fetches, backed_off=True)
+        finally:
+            self._truncations_done()
         return WorkResult(truncations, fetches)
+
+    def _truncations_done(self) -> None:
+        """Tell the broker once about the truncations made since the last call (it checkpoints them): before
+        every await and at the end of a step, so nothing is appended to a cut log before that."""
+        if not self._unsaved_truncations:
+            return
+        self._unsaved_truncations = 0
+        try:
+            self._partitions.truncations_done()
+        except Exception:  # a failed checkpoint write fails the log dir, which stops the broker
+            self._log.exception("fetcher_truncation_checkpoint_failed")
 
     def _back_off(self, why: str) -> None:
         self._backoff_until_ms = self._clock.monotonic_ms() + self._config.backoff_ms
@@ -255,6 +269,7 @@ class FetcherTask:
                 continue
             requests[tp] = EpochRequest(state.current_leader_epoch, epoch)
             sent[tp] = state
+        self._truncations_done()  # those without an epoch, before the await
         if not requests:
             return 0
         self.stats.epoch_requests += 1
@@ -268,6 +283,7 @@ class FetcherTask:
                 self._park(tp, state, answer.error.name if answer else "missing_in_answer")
                 continue
             self._guarded(tp, state, self._apply_truncation, local, answer.epoch_end, "offsets_for_leader_epoch")
+        self._truncations_done()
         return 1
 
     def _guarded(self, tp: TopicPartition, state: PartitionFetchState, truncation: Callable[..., None],
@@ -323,6 +339,7 @@ class FetcherTask:
         else:
             local.truncate_to(offset)
         self._partitions.on_follower_truncated(tp, offset, reason)
+        self._unsaved_truncations += 1
         self.stats.truncations += 1
         self._metrics.truncation(tp, reason.split(":")[-1])
         below_hw = hw is not None and offset < hw and not fully
@@ -449,11 +466,10 @@ class FetcherTask:
             self._metrics.bytes.inc(len(data.records))
             added_ms = self._added_ms.pop(tp, None)
             if added_ms is not None:
-                delay_ms = self._clock.monotonic_ms() - added_ms
-                self.stats.first_append_delays_ms.append(delay_ms)
+                # logged only: a list of these grew with every leadership change for the task's lifetime
                 self._log.info("follower_first_append", topic=tp.topic, partition=tp.partition,
                                leader_epoch=state.current_leader_epoch, offset=state.fetch_offset,
-                               since_added_ms=delay_ms)
+                               since_added_ms=self._clock.monotonic_ms() - added_ms)
         new_offset = local.log_end_offset
         lag = fetch_lag(data.high_watermark, new_offset)
         report = (data.high_watermark, data.log_start_offset, new_offset)
@@ -474,6 +490,7 @@ class FetcherTask:
 
     async def _handle_out_of_range(self, tp: TopicPartition, state: PartitionFetchState) -> None:
         """Kafka's fetchOffsetAndTruncate (seed 000): compare with the leader's end, then its start."""
+        self._truncations_done()  # the other partitions' of this response so far, before the await
         broker_id = self._partitions.broker_id
         latest = await self.leader.list_offset(broker_id, tp, state.current_leader_epoch, LATEST_TIMESTAMP)
         local = self._still(tp, state)

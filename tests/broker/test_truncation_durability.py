@@ -32,8 +32,9 @@ async def test_truncation_lowers_the_recovery_point_on_disk_at_once(tmp_path: Pa
     lg.flush()
     lm.checkpoint_recovery_points_and_log_starts()
     assert checkpoint.read_offsets(tmp_path / RECOVERY_CHECKPOINT) == {TP: 100}
-    lg.truncate_to(50)  # what the fetcher does, then it tells the replica manager
+    lg.truncate_to(50)  # what the fetcher does, then it tells the replica manager, then it ends the round
     rm.on_follower_truncated(TP, 50, "test")
+    rm.truncations_done()
     assert checkpoint.read_offsets(tmp_path / RECOVERY_CHECKPOINT) == {TP: 50}
     await lm.close()
 

@@ -198,6 +198,8 @@ class LocalFollower:
     partitions: dict[TopicPartition, FollowerPartition] = field(default_factory=dict)
     truncations: list[tuple[TopicPartition, int, str]] = field(default_factory=list)
     appended_calls: int = 0
+    # ("truncated", tp), ("truncations_done", None), ("appended", tp) in call order
+    events: list[tuple[str, TopicPartition | None]] = field(default_factory=list)
 
     def follow(self, tp: TopicPartition, log: Log, leader_epoch: int, high_watermark: int = 0) -> None:
         self.partitions[tp] = FollowerPartition(log, leader_epoch, high_watermark)
@@ -213,6 +215,7 @@ class LocalFollower:
     def on_follower_appended(self, tp: TopicPartition, leader_high_watermark: int,
                              leader_log_start_offset: int) -> None:
         self.appended_calls += 1
+        self.events.append(("appended", tp))
         p = self.partitions[tp]
         p.high_watermark = max(p.high_watermark, min(p.log.log_end_offset, leader_high_watermark))
         if leader_log_start_offset > p.log.log_start_offset:
@@ -222,3 +225,7 @@ class LocalFollower:
         p = self.partitions[tp]
         p.high_watermark = min(p.high_watermark, p.log.log_end_offset)
         self.truncations.append((tp, offset, reason))
+        self.events.append(("truncated", tp))
+
+    def truncations_done(self) -> None:
+        self.events.append(("truncations_done", None))

@@ -126,6 +126,33 @@ async def test_kip101_scenario2_divergence_is_truncated(setup: Setup) -> None:
 
 
 @pytest.mark.parametrize("on_fetch", [False, True])
+async def test_a_round_of_truncations_is_checkpointed_once_before_any_append(tmp_path: Path, clock: ManualClock,
+                                                                               on_fetch: bool) -> None:
+    """The broker writes its recovery-point checkpoint (every log's) at truncations_done: once for all the
+    partitions one leader change cut, not once each (quadratic), and before anything is appended to them."""
+    s = Setup(tmp_path, clock, config=FetcherConfig(wait_max_ms=0, truncate_on_fetch=on_fetch))
+    try:
+        tps = [TopicPartition("d", i) for i in range(3)]
+        for tp in tps:
+            a, b = s.log(f"a{tp.partition}", tp), s.log(f"b{tp.partition}", tp)
+            write(b, 0, 1, clock)
+            a.append_as_follower(log_bytes(b))
+            write(a, 0, 1, clock)  # a tail the new leader never had
+            write(b, 1, 2, clock)
+            s.leader.lead(tp, b, 1)
+            s.start(tp, a, 1)
+        await s.converge()
+        kinds = [kind for kind, _ in s.follower.events]
+        first_append = kinds.index("appended")
+        assert kinds[:first_append] == ["truncated"] * 3 + ["truncations_done"]
+        assert kinds.count("truncations_done") == 1
+        for tp in tps:
+            assert_identical(s.follower.partitions[tp].log, s.leader.partitions[tp].log)
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("on_fetch", [False, True])
 async def test_kip279_fast_double_failover(tmp_path: Path, clock: ManualClock, on_fetch: bool) -> None:
     """The follower's epochs (1, 3) and the leader's (1, 2, 4) differ twice: two rounds to agree.
 
