@@ -498,7 +498,10 @@ class ReplicaManager:
             except Exception as exc:
                 log.exception("alter_partition_failed", topic=p.tp.topic, partition=p.tp.partition, error=str(exc))
                 result = AlterResult(ErrorCode.UNKNOWN_SERVER_ERROR)
-            if (self.partitions.get(p.tp) is not p or p.state.pending != change
+            # ``is``, not ``==``: a later change of the same ISR (after a LeaderAndIsr cleared this one, at a newer
+            # partition epoch) is equal by value, and this older answer must not settle it (Kafka's callback
+            # checks the pending state it was sent for, partition epoch included)
+            if (self.partitions.get(p.tp) is not p or p.state.pending is not change
                     or p.state.leader_epoch != sent.leader_epoch):
                 return  # the partition moved meanwhile; LeaderAndIsr carries the truth
             if result.error is ErrorCode.NONE:
@@ -522,8 +525,8 @@ class ReplicaManager:
             # Outcome unknown (a timeout), or the controller moved on (a new leader epoch, this broker
             # re-registering): keep the pending change and ask again until an answer or a LeaderAndIsr.
             await asyncio.sleep(ISR_RETRY_BACKOFF_MS / 1000)
-            if self._closing:
-                return
+            if self._closing or self.partitions.get(p.tp) is not p or p.state.pending is not change:
+                return  # no longer ours to ask: one AlterPartition in flight per partition
 
     def _isr_change_done(self, p: Partition, result: AlterResult, change: ps.PendingIsrChange) -> None:
         """Take the controller's committed ISR for ``p`` (its answer to our AlterPartition ``change``).
