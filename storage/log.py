@@ -919,13 +919,22 @@ class Log:
                 seg.close()
 
     def delete(self) -> None:
-        """Close the log and remove its directory. The directory is first renamed to
-        ``<topic>-<partition>.<hex>-delete`` (Kafka's ``-delete`` suffix): the rename is atomic, so the live
-        name is either gone or this raises ``OSError`` (and a retry tries again). A removal that then fails
-        half-way leaves only a ``-delete`` directory, which ``LogManager.load`` removes; never files under the
-        live name that a topic re-created with that name would open as its own."""
-        self._close_segments()
+        """Close the log and remove its directory (``close_for_deletion``, then ``remove_dir``)."""
+        self.close_for_deletion()
+        self.remove_dir()
+
+    def close_for_deletion(self) -> None:
+        """Mark the log unusable, then close its files: on the thread that owns the log (the event loop in the
+        broker), so that no periodic flush, retention pass or read finds a segment being closed under it."""
         self._failed = "deleted"
+        self._close_segments()
+
+    def remove_dir(self) -> None:
+        """Remove the closed log's directory; blocking, fine on a worker thread. The directory is first
+        renamed to ``<topic>-<partition>.<hex>-delete`` (Kafka's ``-delete`` suffix): the rename is atomic, so
+        the live name is either gone or this raises ``OSError`` (and a retry tries again). A removal that then
+        fails half-way leaves only a ``-delete`` directory, which ``LogManager.load`` removes; never files
+        under the live name that a topic re-created with that name would open as its own."""
         if self.dir.exists():
             doomed = self.dir.with_name(f"{self.dir.name}.{secrets.token_hex(8)}{DELETED_DIR_SUFFIX}")
             os.rename(self.dir, doomed)

@@ -190,8 +190,9 @@ class LogManager:
         doomed = self._logs.get(tp)
         if doomed is None:
             return
+        doomed.close_for_deletion()  # here, not in the thread: the periodic tick uses the log on this loop
         try:
-            await asyncio.to_thread(doomed.delete)
+            await asyncio.to_thread(doomed.remove_dir)
         except OSError as exc:
             self.dir_failed(f"cannot delete the log of {tp}: {type(exc).__name__}: {exc}")
             raise

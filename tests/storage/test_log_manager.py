@@ -157,6 +157,26 @@ async def test_a_deleted_log_leaves_nothing_a_recreated_topic_would_open(tmp_pat
     await mgr.close()
 
 
+async def test_a_log_being_deleted_is_closed_on_the_loop_before_the_removal_thread_starts(tmp_path: Path) -> None:
+    """The periodic tick uses every listed log on the event loop: a deletion must take the log out of use there,
+    not in the worker thread that removes its files (a tick then fsynced a segment that thread was closing:
+    fd -1 or EBADF, the latter taken for a failure of the data dir)."""
+    clock = ManualClock(TS)
+    mgr = LogManager(tmp_path, broker_config({"log.flush.interval.ms": 1000}), clock)
+    await mgr.load()
+    lg = await mgr.get_or_create_log(A, LogConfig(flush_ms=1000))
+    lg.append_as_leader(batch(3), 1)
+    clock.advance(2_000)  # a flush is due at the next tick
+    deleting = asyncio.ensure_future(mgr.delete_log(A))
+    await asyncio.sleep(0)  # the deletion has reached its worker thread
+    with pytest.raises(StorageError, match="deleted"):
+        lg.read(0, 1 << 20)
+    await mgr.tick()  # raises nothing: the log is skipped, whatever the thread is doing
+    await deleting
+    assert mgr.get_log(A) is None and mgr.failure is None
+    await mgr.close()
+
+
 async def test_a_delete_that_cannot_rename_fails_and_is_retried(tmp_path: Path) -> None:
     """A failed deletion raises (StopReplica answers KAFKA_STORAGE_ERROR, the controller retries) and the log
     stays listed, so the retry deletes it; it used to be dropped from the map and reported deleted while
