@@ -59,9 +59,14 @@ class DelayedProduce(DelayedOperation[dict[TopicPartition, ErrorCode]]):
         return None
 
     def expired_result(self) -> dict[TopicPartition, ErrorCode]:
+        return self.result_with(ErrorCode.REQUEST_TIMED_OUT)
+
+    def result_with(self, unanswered: ErrorCode) -> dict[TopicPartition, ErrorCode]:
+        """The answers so far, ``unanswered`` for the partitions still waiting (expiry; shutdown): a partition
+        whose write was already committed keeps NONE, so the client does not send it again."""
         out = dict(self._answers)
         for tp in self._waits:
-            out.setdefault(tp, ErrorCode.REQUEST_TIMED_OUT)
+            out.setdefault(tp, unanswered)
         return out
 
 

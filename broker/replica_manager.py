@@ -177,7 +177,7 @@ class ReplicaManager:
         """Shutdown step 1: answer every waiting request now (produce: a retriable error) and wait no more."""
         self._closing = True
         self.produce_purgatory.complete_all(
-            lambda op: dict.fromkeys(getattr(op, "_waits", {}), ErrorCode.NOT_LEADER_OR_FOLLOWER))
+            lambda op: op.result_with(ErrorCode.NOT_LEADER_OR_FOLLOWER) if isinstance(op, DelayedProduce) else {})
         self.fetch_purgatory.complete_all(lambda op: False)
 
     async def shutdown(self) -> None:

@@ -1,5 +1,6 @@
-"""The leader's AlterPartition answers, one call at a time: a real ReplicaManager over a real LogManager, with
-an AlterPartition sender (the interface ``ControllerLink`` implements) whose calls the test answers."""
+"""The leader's waiting acks=all produces and its AlterPartition answers, one call at a time: a real
+ReplicaManager over a real LogManager, with an AlterPartition sender (the interface ``ControllerLink``
+implements) whose calls the test answers."""
 
 from __future__ import annotations
 
@@ -43,17 +44,50 @@ class ScriptedSender:
         await asyncio.wait_for(enough(), 5)
 
 
-def _lai(partition_epoch: int, isr: list[int]) -> rq.LeaderAndIsrRequest:
+def _lai(partition_epoch: int, isr: list[int], tp: TopicPartition = TP) -> rq.LeaderAndIsrRequest:
     return rq.parse_leader_and_isr({
         "controller_id": 100, "controller_epoch": 1, "broker_epoch": -1, "live_leaders": [],
-        "partition_states": [{"topic": TP.topic, "partition": 0, "leader": 1, "leader_epoch": 1,
+        "partition_states": [{"topic": tp.topic, "partition": tp.partition, "leader": 1, "leader_epoch": 1,
                               "isr": isr, "partition_epoch": partition_epoch, "replicas": [1, 2]}]})
 
 
-def _produce(acks: int) -> rq.ProduceRequest:
+def _produce(acks: int, tps: tuple[TopicPartition, ...] = (TP,)) -> rq.ProduceRequest:
     records = build_batch([(None, b"v")] * 3, timestamp_ms=1_700_000_000_000)
     return rq.parse_produce({"acks": acks, "timeout_ms": 30_000, "topics": [
-        {"topic": TP.topic, "partitions": [{"partition": 0, "records": records}]}]})
+        {"topic": tp.topic, "partitions": [{"partition": tp.partition, "records": records}]} for tp in tps]})
+
+
+async def _leader(tmp_path: Path) -> tuple[ReplicaManager, LogManager, ScriptedSender]:
+    config = broker_config()
+    lm = LogManager(tmp_path, config, SystemClock())
+    await lm.load()
+    rm = ReplicaManager(1, config, SystemClock(), lm, MetadataCache("c"), BrokerMetrics())
+    lm.high_watermarks = rm.high_watermarks
+    rm.broker_epoch = 5
+    sender = ScriptedSender()
+    rm.alter_sender = sender
+    await rm.start()
+    return rm, lm, sender
+
+
+async def test_a_shutdown_answers_a_waiting_produce_with_what_is_already_committed(tmp_path: Path) -> None:
+    """Graceful shutdown fails waiting acks=all produces with a retriable error, but only their partitions
+    still waiting: one whose write the HW already passed stays NONE (else a client resends it: a duplicate
+    without idempotence)."""
+    rm, lm, _sender = await _leader(tmp_path)
+    alone, waiting_tp = TopicPartition("t", 1), TP
+    try:
+        assert (await rm.leader_and_isr(_lai(1, [1], alone)))["partitions"][0]["error"] == 0
+        assert (await rm.leader_and_isr(_lai(1, [1, 2], waiting_tp)))["partitions"][0]["error"] == 0
+        produce = asyncio.ensure_future(rm.produce(_produce(acks=-1, tps=(alone, waiting_tp))))
+        await asyncio.sleep(0.05)
+        assert not produce.done()
+        rm.stop_waiting()
+        answer = await asyncio.wait_for(produce, 5)
+        assert (answer[alone]["error"], answer[waiting_tp]["error"]) == (0, ErrorCode.NOT_LEADER_OR_FOLLOWER)
+    finally:
+        await rm.shutdown()
+        await lm.close()
 
 
 def _follower_fetch(offset: int, broker_epoch: int) -> rq.FetchRequest:
@@ -70,15 +104,7 @@ async def test_an_old_answer_does_not_settle_a_later_equal_isr_change(tmp_path: 
     with the controller's state then ({1} at epoch 3); it must not settle the second change, whose answer is
     the controller committing {1, 2}: else the leader keeps ISR {1} and acknowledges acks=all writes that
     replica 2, in the controller's ISR and electable, does not have (invariant 1)."""
-    config = broker_config()
-    lm = LogManager(tmp_path, config, SystemClock())
-    await lm.load()
-    rm = ReplicaManager(1, config, SystemClock(), lm, MetadataCache("c"), BrokerMetrics())
-    lm.high_watermarks = rm.high_watermarks
-    rm.broker_epoch = 5
-    sender = ScriptedSender()
-    rm.alter_sender = sender
-    await rm.start()
+    rm, lm, sender = await _leader(tmp_path)
     try:
         assert (await rm.leader_and_isr(_lai(1, [1])))["partitions"][0]["error"] == 0
         assert (await rm.produce(_produce(acks=1)))[TP]["error"] == 0
