@@ -2,9 +2,15 @@
 
 ``call`` posts a msgpack body to ``/v1/<api>`` and returns the decoded map;
 ``get_json`` reads a JSON status page. Connection failures and timeouts raise
-``RpcConnectionError`` (the caller decides how to back off); HTTP 4xx/5xx on
-``call`` raise ``RpcBadRequest`` with the server's message; a 2xx answer that
-is not a msgpack map raises ``RpcError`` (never msgpack's own exceptions).
+``RpcConnectionError`` (the caller decides how to back off), and so does an
+HTTP 5xx (an overloaded or failing server, or a proxy: the request may or may
+not have been acted on, and a retry may succeed); HTTP 4xx on ``call`` raises
+``RpcBadRequest`` with the server's message (retrying the same body cannot
+help); any other answer that is not a 2xx msgpack map raises ``RpcError``
+(never msgpack's own exceptions). A response larger than the call's
+``max_response_bytes`` (or with more than 64 KiB of headers) fails the call
+as soon as that is known, before it is buffered: a peer that never ends its
+body cannot exhaust this process's memory.
 
 Why hand-written: ``aiohttp.ClientSession`` costs ~150-200 us of CPU per
 request in Python (ClientRequest/ClientResponse objects, multidicts, timers,
@@ -71,6 +77,10 @@ class RpcBadRequest(RpcError):
     """The peer rejected the body (HTTP 4xx); the message is the server's."""
 
 
+DEFAULT_MAX_RESPONSE_BYTES = 256 * 1024 * 1024
+_MAX_HEADER_BYTES = 64 * 1024
+
+
 # Below this, headers and body are joined and written with one send; above it they are written
 # separately so that a large body is not copied (Python 3.11's ``writelines`` joins too).
 _JOIN_MAX_BYTES = 16 * 1024
@@ -90,8 +100,9 @@ class _Connection(asyncio.Protocol):
     complete (``status``, ``keep_alive`` and ``content_type`` are then set), or fails with ``_Broken``.
     """
 
-    __slots__ = ("_body", "_framed", "_headers_done", "_lost", "_parser", "_peer_eof", "alive", "answer",
-                 "content_type", "keep_alive", "poller", "status", "transport")
+    __slots__ = ("_body", "_framed", "_header_bytes", "_headers_done", "_lost", "_parser", "_peer_eof",
+                 "_received", "alive", "answer", "content_type", "keep_alive", "max_bytes", "poller", "status",
+                 "transport")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -103,6 +114,9 @@ class _Connection(asyncio.Protocol):
         self.content_type = b""
         self._parser = httptools.HttpResponseParser(self)
         self._body: list[bytes] = []
+        self._received = 0  # body bytes of this response so far
+        self._header_bytes = 0
+        self.max_bytes = DEFAULT_MAX_RESPONSE_BYTES  # of one response's body; set per call by ``begin``
         self._framed = False  # Content-Length or Transfer-Encoding seen; else the body ends at EOF
         self._headers_done = False
         self._peer_eof = False
@@ -126,8 +140,9 @@ class _Connection(asyncio.Protocol):
         self.alive = False
         return False
 
-    def begin(self, answer: asyncio.Future[bytes]) -> None:
+    def begin(self, answer: asyncio.Future[bytes], max_bytes: int) -> None:
         self.answer = answer
+        self.max_bytes = max_bytes
         self.status = 0
         self.keep_alive = False
 
@@ -166,6 +181,9 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(f"malformed HTTP response: {exc}")
             self.abort()
+            return
+        if not self.alive:  # a callback refused the response (too large) or saw one nobody asked for
+            self.abort()
 
     def eof_received(self) -> bool | None:
         self.alive = False
@@ -191,21 +209,37 @@ class _Connection(asyncio.Protocol):
         if self.answer is None or self.answer.done():
             self.alive = False  # a second response in one read: nothing asked for it
         self._body = []
+        self._received = 0
+        self._header_bytes = 0
         self._framed = False
         self._headers_done = False
         self.content_type = b""
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_bytes += len(name) + len(value)
+        if self._header_bytes > _MAX_HEADER_BYTES:
+            self._fail(f"response headers longer than {_MAX_HEADER_BYTES} bytes")
+            return
         name = name.lower()
         if name == b"content-type":
             self.content_type = value
         elif name in (b"content-length", b"transfer-encoding"):
             self._framed = True
+            value = value.strip()
+            if name == b"content-length" and value.isdigit() and (len(value) > 18 or int(value) > self.max_bytes):
+                self._fail(f"response of {value[:20].decode()} bytes, above the limit of {self.max_bytes}")
 
     def on_headers_complete(self) -> None:
         self._headers_done = True
 
     def on_body(self, body: bytes) -> None:
+        if not self.alive:
+            return  # refused already: keep nothing more
+        self._received += len(body)
+        if self._received > self.max_bytes:
+            self._body = []
+            self._fail(f"response body above the limit of {self.max_bytes} bytes")
+            return
         self._body.append(body)
 
     def on_message_complete(self) -> None:
@@ -368,9 +402,11 @@ class _Pool:
 
 
 class RpcClient:
-    def __init__(self, *, limit_per_host: int = 8, timeout_s: float = 30.0) -> None:
+    def __init__(self, *, limit_per_host: int = 8, timeout_s: float = 30.0,
+                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
         self._limit_per_host = limit_per_host
         self._timeout_s = timeout_s
+        self._max_response_bytes = max_response_bytes
         self._pools: dict[str, _Pool] = {}
 
     def _pool(self, address: str) -> _Pool:
@@ -380,18 +416,22 @@ class RpcClient:
         return pool
 
     async def call(self, address: str, api: str, body: dict[str, Any], *,
-                   timeout_s: float | None = None) -> dict[str, Any]:
+                   timeout_s: float | None = None, max_response_bytes: int | None = None) -> dict[str, Any]:
         """POST ``body`` to ``http://<address>/v1/<api>``; ``address`` is ``host:port``."""
         data = encode(body)
         try:
             pool = self._pool(address)
             head = pool.post_head(api) + b"%d\r\n\r\n" % len(data)
-            status, _, payload = await self._exchange(pool, head, data, timeout_s)
+            status, _, payload = await self._exchange(pool, head, data, timeout_s, max_response_bytes)
         except (TimeoutError, OSError, ValueError) as exc:
             raise RpcConnectionError(f"{api} to {address}: {_describe(exc, timeout_s, self._timeout_s)}") from exc
-        if status >= 400:
-            raise RpcBadRequest(f"{api} to {address}: HTTP {status}: "
-                                f"{payload.decode('utf-8', 'replace')[:500]}")
+        if not 200 <= status < 300:
+            message = f"{api} to {address}: HTTP {status}: {payload.decode('utf-8', 'replace')[:500]}"
+            if 400 <= status < 500:
+                raise RpcBadRequest(message)
+            if status >= 500:  # acted on or not, unknown; a later call may succeed (Kafka: retriable)
+                raise RpcConnectionError(message)
+            raise RpcError(message)  # 1xx, 3xx: not an answer of our servers
         try:
             result = decode(payload)
         except Exception as exc:  # msgpack raises several unrelated types (ExtraData, FormatError, ...)
@@ -411,8 +451,8 @@ class RpcClient:
             pool = self._pool(address)
             head = (f"GET {path} HTTP/1.1\r\nHost: {address}\r\nAccept: application/json\r\n\r\n"
                     ).encode("latin-1")
-            status, content_type, payload = await self._exchange(pool, head, b"", timeout_s)
-            if status >= 400:
+            status, content_type, payload = await self._exchange(pool, head, b"", timeout_s, None)
+            if not 200 <= status < 300:
                 raise _Broken(f"HTTP {status}: {payload.decode('utf-8', 'replace')[:500]}")
             content_type = content_type.partition(b";")[0].strip().lower()
             if content_type != b"application/json" and not content_type.endswith(b"+json"):
@@ -422,8 +462,8 @@ class RpcClient:
                 f"GET {path} from {address}: {_describe(exc, timeout_s, self._timeout_s)}") from exc
         return json.loads(payload)
 
-    async def _exchange(self, pool: _Pool, head: bytes, data: bytes,
-                        timeout_s: float | None) -> tuple[int, bytes, bytes]:
+    async def _exchange(self, pool: _Pool, head: bytes, data: bytes, timeout_s: float | None,
+                        max_response_bytes: int | None) -> tuple[int, bytes, bytes]:
         """Write one request on a pooled connection and read its response, all within the timeout;
         return the status, the Content-Type and the body.
 
@@ -438,7 +478,7 @@ class RpcClient:
         timer = loop.call_at(deadline, _expire, answer)
         reuse = False
         try:
-            conn.begin(answer)
+            conn.begin(answer, max_response_bytes if max_response_bytes is not None else self._max_response_bytes)
             transport = conn.transport
             assert transport is not None
             if len(data) <= _JOIN_MAX_BYTES:
@@ -448,7 +488,7 @@ class RpcClient:
                 transport.write(data)
             payload = await answer
             status = conn.status
-            reuse = conn.keep_alive and status < 400 and not transport.get_write_buffer_size()
+            reuse = conn.keep_alive and 200 <= status < 300 and not transport.get_write_buffer_size()
         finally:
             timer.cancel()
             pool.release(conn, reuse=reuse)

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from broker.requests import FetchRequest as FetchRequest  # the broker's request shape, re-exported: the interface
 from common.errors import ErrorCode
-from common.http import RpcClient, RpcError
+from common.http import DEFAULT_MAX_RESPONSE_BYTES, RpcClient, RpcError
 from common.wire import TopicPartition
 from fetcher.api import BrokerEndpoint
 from fetcher.state import EpochEndOffset
@@ -166,16 +166,20 @@ class HttpLeaderEndpoint:
     def broker(self) -> BrokerEndpoint:
         return self._broker
 
-    async def _call(self, api: str, body: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+    async def _call(self, api: str, body: dict[str, Any], timeout_s: float | None = None,
+                    max_response_bytes: int | None = None) -> dict[str, Any]:
         try:
-            return await self._rpc.call(self._broker.address, api, body, timeout_s=timeout_s)
+            return await self._rpc.call(self._broker.address, api, body, timeout_s=timeout_s,
+                                        max_response_bytes=max_response_bytes)
         except (RpcError, ValueError) as exc:  # msgpack's decode errors are ValueErrors
             raise LeaderUnavailableError(str(exc)) from exc
 
     async def fetch(self, request: FetchRequest) -> FetchResponse:
         # The long poll may legitimately take max_wait_ms; the socket timeout comes on top.
         timeout_s = self._timeout_s + request.max_wait_ms / 1000
-        return decode_fetch(await self._call("fetch", encode_fetch(request), timeout_s))
+        # an answer may pass max_bytes by one batch (the first is always whole): room for a large setting
+        limit = max(DEFAULT_MAX_RESPONSE_BYTES, 2 * request.max_bytes)
+        return decode_fetch(await self._call("fetch", encode_fetch(request), timeout_s, limit))
 
     async def offsets_for_leader_epoch(self, replica_id: int,
                                        requests: Mapping[TopicPartition, EpochRequest]

@@ -4,6 +4,7 @@ brokers run them, and a raw asyncio server for responses aiohttp never sends."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -410,3 +411,65 @@ async def test_close_fails_calls_in_flight_and_the_client_stays_usable(client1: 
             with pytest.raises(RpcConnectionError):
                 await task
         assert (await client1.call(address, "echo", {"again": 1}))["echo"] == {"again": 1}
+
+
+async def test_a_response_above_the_limit_fails_before_it_is_buffered(client: RpcClient) -> None:
+    """Announced too large (Content-Length), or a chunked body that never ends: the call fails as soon as the
+    limit is passed, and the connection is closed, not read to the end (memory stays bounded)."""
+    async def announced(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-msgpack\r\nContent-Length: 600000000\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(10)
+
+    endless_written = 0
+
+    async def endless(writer: asyncio.StreamWriter) -> None:
+        nonlocal endless_written
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-msgpack\r\nTransfer-Encoding: chunked\r\n\r\n")
+        chunk = b"%x\r\n%s\r\n" % (64 * 1024, b"z" * 64 * 1024)
+        with contextlib.suppress(ConnectionError):
+            for _ in range(2_000):  # 128 MiB at most; the client hangs up long before
+                writer.write(chunk)
+                await writer.drain()
+                endless_written += 64 * 1024
+
+    async with raw_server(announced) as address:
+        with pytest.raises(RpcConnectionError, match="response of 600000000 bytes, above the limit of 1048576"):
+            await client.call(address, "fetch", {}, max_response_bytes=1 << 20)
+    async with raw_server(endless) as address:
+        with pytest.raises(RpcConnectionError, match="response body above the limit of 1048576 bytes"):
+            await client.call(address, "fetch", {}, max_response_bytes=1 << 20)
+    assert endless_written < 64 << 20, "the client stopped reading"
+
+
+async def test_endless_response_headers_fail_the_call(client: RpcClient) -> None:
+    async def reply(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\n")
+        with contextlib.suppress(ConnectionError):
+            for i in range(10_000):
+                writer.write(b"X-Filler-%d: %s\r\n" % (i, b"f" * 200))
+                await writer.drain()
+
+    async with raw_server(reply) as address:
+        with pytest.raises(RpcConnectionError, match="response headers longer than 65536 bytes"):
+            await client.call(address, "x", {})
+
+
+@pytest.mark.parametrize(("status", "error", "retriable"), [
+    (500, RpcConnectionError, True), (503, RpcConnectionError, True), (302, RpcError, False),
+    (404, RpcBadRequest, False)])
+async def test_only_2xx_is_an_answer_and_5xx_is_retriable(client: RpcClient, status: int, error: type[RpcError],
+                                                          retriable: bool) -> None:
+    """A 5xx (an overloaded server, a proxy) may succeed later: a connection-level failure, not "retrying
+    cannot help"; a 3xx carrying msgpack is still no answer of ours."""
+    async def reply(writer: asyncio.StreamWriter) -> None:
+        body = encode({"error": 0})
+        writer.write(b"HTTP/1.1 %d Whatever\r\nContent-Type: application/x-msgpack\r\nContent-Length: %d\r\n\r\n"
+                     % (status, len(body)) + body)
+        await writer.drain()
+
+    async with raw_server(reply) as address:
+        with pytest.raises(error, match=f"HTTP {status}") as info:
+            await client.call(address, "x", {})
+    assert type(info.value) is error
+    assert isinstance(info.value, RpcConnectionError) is retriable
