@@ -136,6 +136,9 @@ class BrokerSender:
         except RpcError as exc:
             log.info("propagation_failed", broker_id=self.node_id, error=str(exc))
             return False
+        except Exception as exc:  # an answer of the wrong shape, a bug: the round's work must not be lost
+            log.exception("propagation_failed", broker_id=self.node_id, error=str(exc))
+            return False
         if not stopped:
             return False
         self.sent_ok += 1
@@ -169,7 +172,9 @@ class BrokerSender:
         return self._acknowledged(reg, api, resp, body)
 
     def _acknowledged(self, reg: BrokerRegistration, api: str, resp: dict[str, Any], body: dict[str, Any]) -> bool:
-        error = ErrorCode.of(int(resp.get("error", 0) or 0))
+        raw = resp.get("error", 0)
+        # anything but an integer is no acknowledgement (a broker of ours always answers one)
+        error = ErrorCode.of(raw) if type(raw) is int else ErrorCode.UNKNOWN_SERVER_ERROR
         if error is ErrorCode.NONE:
             return True
         log.warning("propagation_refused", broker_id=self.node_id, api=api, error=error.name,

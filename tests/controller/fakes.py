@@ -18,6 +18,7 @@ class FakeBroker:
         self.node_id = node_id
         self.received: list[tuple[str, dict[str, Any]]] = []
         self.fail_next = 0  # answer this many requests with HTTP 503
+        self.garble_next = 0  # answer this many requests with a map whose "error" is no integer
         self.hang = False  # never answer (a paused process): the controller must not wait on it
         self.controller_epoch = -1
         self.stop_errors: dict[tuple[str, int], int] = {}  # StopReplica answers these partitions with this error
@@ -48,6 +49,9 @@ class FakeBroker:
             if self.fail_next > 0:
                 self.fail_next -= 1
                 raise web.HTTPServiceUnavailable(text="injected failure")
+            if self.garble_next > 0:
+                self.garble_next -= 1
+                return web.Response(body=encode({"error": "NONE"}), content_type=CONTENT_TYPE)
             if body["controller_epoch"] < self.controller_epoch:
                 return web.Response(body=encode({"error": 11, "partitions": []}), content_type=CONTENT_TYPE)
             self.controller_epoch = body["controller_epoch"]

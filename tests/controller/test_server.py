@@ -204,6 +204,16 @@ async def test_a_new_incarnation_registers_at_once_after_a_completed_controlled_
     assert accepted["error"] == 0 and accepted["broker_epoch"] > h.epochs[1]
 
 
+async def test_an_answer_of_the_wrong_shape_is_a_failed_send_and_the_request_is_sent_again(h: Harness) -> None:
+    """The sender of one broker must survive any answer: its round's LeaderAndIsr was taken out of the queue,
+    and a sender that died with it lost it (nothing else would send it until the partition changed)."""
+    fb = await h.add_broker(1)
+    fb.garble_next = 1
+    assert await h.create("t", 1, 1) == 0
+    await eventually(lambda: fb.latest("t", 0) is not None, what="the LeaderAndIsr, sent again")
+    assert h.c.propagator.senders()[1].failures >= 1
+
+
 async def test_silent_broker_is_fenced_and_leadership_moves(h: Harness) -> None:
     for b in (1, 2, 3):
         await h.add_broker(b)
