@@ -75,8 +75,13 @@ class ControllerLink:
             try:
                 if self._rm.broker_epoch < 0:
                     await self._register()
+                    delay_s = interval_s if self._rm.broker_epoch >= 0 else RETRY_BACKOFF_S * 5
+                elif await self._heartbeat(self._want_shutdown) is None:
+                    # unanswered: ask again soon (Kafka's BrokerLifecycleManager backs off ~100 ms), not a whole
+                    # interval later, or one lost answer plus the interval outlasts the session
+                    delay_s = min(interval_s, RETRY_BACKOFF_S)
                 else:
-                    await self._heartbeat(self._want_shutdown)
+                    delay_s = interval_s
                 failures = 0
             except Exception as exc:
                 failures += 1
@@ -84,11 +89,12 @@ class ControllerLink:
                               error=str(exc), failures=failures)
                 await asyncio.sleep(_backoff_s(failures))
                 continue
-            await asyncio.sleep(interval_s if self._rm.broker_epoch >= 0 else RETRY_BACKOFF_S * 5)
+            await asyncio.sleep(delay_s)
 
     def _liveness_timeout_s(self) -> float:
-        """A heartbeat answered later than the session timeout is useless: do not wait longer."""
-        return min(self._config.get_int("broker.session.timeout.ms"),
+        """Half the session timeout at most (Kafka's heartbeat channel, KAFKA-14392): an answer lost on one
+        connection leaves time for another heartbeat, on a new connection, before the session ends."""
+        return min(self._config.get_int("broker.session.timeout.ms") / 2,
                    self._config.get_int("replica.socket.timeout.ms")) / 1000
 
     async def _register(self) -> None:

@@ -61,6 +61,26 @@ class FlakyShutdownController(FakeController):
         return {"error": 0, "remaining_partitions": []}
 
 
+@dataclass
+class OneLostHeartbeatController(FakeController):
+    """Never answers the ``lost``-th heartbeat (its answer lost on a half-open connection); notes when each
+    heartbeat arrived."""
+
+    lost: int = 3
+    arrived: list[float] = field(default_factory=list)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def _broker_heartbeat(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.arrived.append(time.monotonic())
+        if len(self.arrived) == self.lost:
+            await self.release.wait()
+        return await super()._broker_heartbeat(body)
+
+    async def close(self) -> None:
+        self.release.set()  # the held handler ends, so the server's shutdown does not wait for it
+        await super().close()
+
+
 FC = TypeVar("FC", bound=FakeController)
 
 
@@ -154,6 +174,22 @@ async def test_the_link_loop_survives_an_unexpected_error(tmp_path: Path, caplog
         assert calls == [1] and rm.broker_epoch > 0
         [error] = [r for r in caplog.records if r.getMessage().startswith("controller_link_error")]
         assert "callback failed (test)" in error.getMessage()
+
+
+async def test_one_unanswered_heartbeat_does_not_outlast_the_session(tmp_path: Path) -> None:
+    """The heartbeat waits at most half the session timeout and is sent again soon after (Kafka's
+    BrokerLifecycleManager): it waited the whole session and then a whole interval more, so one lost answer
+    always got the broker fenced. The controller's rule: a session ends after this much silence."""
+    session_ms = 3_000
+    async with running(OneLostHeartbeatController()) as fc:
+        b = broker(tmp_path, fc.address, **{"broker.session.timeout.ms": session_ms})
+        await b.start()
+        try:
+            await wait_until("two heartbeats after the lost one", lambda: len(fc.arrived) >= fc.lost + 2)
+        finally:
+            await b.stop()
+    last_answered, next_one = fc.arrived[fc.lost - 2], fc.arrived[fc.lost]
+    assert (next_one - last_answered) * 1000 < session_ms, "the controller would have fenced the broker"
 
 
 async def test_controlled_shutdown_retries_failed_calls_until_it_succeeds(
