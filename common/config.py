@@ -129,12 +129,7 @@ def parse_value(d: ConfigDef, raw: Any, key: str | None = None) -> Any:
     if d.type is bool:
         return parse_bool(key, raw)
     if d.type is int:
-        if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):  # 1.5, inf, nan
-            raise ConfigError(f"{key}: expected an integer, got {raw!r}")
-        try:
-            value = int(raw)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{key}: expected an integer, got {raw!r}") from None
+        value = _parse_int(key, raw)
         low = -INT64_MAX - 1 if d.min_value is None else d.min_value
         if value < low:
             raise ConfigError(f"{key}: must be >= {low}, got {value}")
@@ -142,6 +137,22 @@ def parse_value(d: ConfigDef, raw: Any, key: str | None = None) -> Any:
             raise ConfigError(f"{key}: must be at most {d.max_value}, got {value}")
         return value
     return str(raw)
+
+
+def _parse_int(key: str, raw: object) -> int:
+    """An integer as Java's ``Long.parseLong`` reads one: an int, or a string of an optional sign and ASCII
+    digits (surrounding blanks ignored). Not ``int()``'s wider grammar: ``"9_000"``, fullwidth digits, or a float
+    such as ``1e3``."""
+    if type(raw) is int:
+        return raw
+    text = raw.strip() if isinstance(raw, str) else ""
+    digits = text[1:] if text[:1] in ("+", "-") else text
+    if not (digits.isascii() and digits.isdigit()):
+        raise ConfigError(f"{key}: expected an integer, got {raw!r}")
+    significant = digits.lstrip("0") or "0"
+    if len(significant) > 20:  # beyond any range (and int() refuses strings of over 4300 digits)
+        significant = "9" * 20
+    return -int(significant) if text.startswith("-") else int(significant)
 
 
 def parse_assignments(items: Iterable[str]) -> dict[str, str]:
@@ -194,11 +205,30 @@ class Config:
 
 
 def broker_config(overrides: Mapping[str, Any] | None = None) -> Config:
-    return Config(BROKER_CONFIGS, overrides)
+    cfg = Config(BROKER_CONFIGS, overrides)
+    # Kafka's KafkaConfig.validateValues: a follower's fetch parked at the leader longer than the lag time
+    # would drop it from the ISR while it is waiting, and one longer than the socket timeout would time out
+    _require_at_most(cfg, "replica.fetch.wait.max.ms", "replica.lag.time.max.ms")
+    _require_at_most(cfg, "replica.fetch.wait.max.ms", "replica.socket.timeout.ms")
+    _require_heartbeat_within_session(cfg)
+    return cfg
 
 
 def controller_config(overrides: Mapping[str, Any] | None = None) -> Config:
     return Config(CONTROLLER_CONFIGS, overrides)
+
+
+def _require_at_most(cfg: Config, small: str, large: str) -> None:
+    if cfg.get_int(small) > cfg.get_int(large):
+        raise ConfigError(f"{small} ({cfg.get_int(small)}) must be at most {large} ({cfg.get_int(large)})")
+
+
+def _require_heartbeat_within_session(cfg: Config) -> None:
+    """A heartbeat interval at or above the session timeout fences every broker between two heartbeats."""
+    interval, session = cfg.get_int("broker.heartbeat.interval.ms"), cfg.get_int("broker.session.timeout.ms")
+    if interval >= session:
+        raise ConfigError(f"broker.heartbeat.interval.ms ({interval}) must be below broker.session.timeout.ms "
+                          f"({session})")
 
 
 def validate_topic_configs(configs: Mapping[str, Any]) -> dict[str, Any]:

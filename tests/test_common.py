@@ -151,3 +151,25 @@ def test_keep_large_buffers_reuses_freed_memory_instead_of_faulting_it_in_again(
     assert fixed == "True" and faults < 10
     _, default_faults = run("default")
     assert default_faults > 500  # the behaviour this guards against is real on this C library
+
+
+@pytest.mark.parametrize("raw", ["9_000", "1e3", 1e3, 1000.0, "\uff11\uff12", "12abc", "", "+", "0x10"])
+def test_integers_are_read_as_java_reads_them(raw: object) -> None:
+    """``int()`` also takes underscores, fullwidth digits and integral floats; Kafka's parseLong takes none."""
+    with pytest.raises(ConfigError, match="expected an integer"):
+        broker_config({"broker.session.timeout.ms": raw})
+    assert broker_config({"log.segment.bytes": " +4096 "})["log.segment.bytes"] == 4096
+    assert validate_topic_configs({"retention.ms": "-01"})["retention.ms"] == -1
+
+
+@pytest.mark.parametrize(("sets", "message"), [
+    ({"replica.fetch.wait.max.ms": 40_000}, r"replica.fetch.wait.max.ms \(40000\) must be at most "
+                                            r"replica.lag.time.max.ms \(30000\)"),
+    ({"replica.fetch.wait.max.ms": 2_000, "replica.socket.timeout.ms": 1_000},
+     r"must be at most replica.socket.timeout.ms \(1000\)"),
+    ({"broker.heartbeat.interval.ms": 9_000}, r"broker.heartbeat.interval.ms \(9000\) must be below "
+                                             r"broker.session.timeout.ms \(9000\)"),
+])
+def test_settings_kafka_refuses_together_are_refused(sets: dict[str, int], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        broker_config(sets)

@@ -160,7 +160,7 @@ async def test_a_waiting_fetch_whose_requester_went_away_leaves_the_purgatory(
 
 async def test_isr_expand_and_shrink_through_alter_partition(start_broker: StartBroker,
                                                              controller: FakeController, rpc: RpcClient) -> None:
-    b = await start_broker(sets={"replica.lag.time.max.ms": 300})
+    b = await start_broker(sets={"replica.lag.time.max.ms": 300, "replica.fetch.wait.max.ms": 100})
     await controller.elect(TP, leader=1, replicas=[1, FOLLOWER], isr=[1])
     await rpc.call(b.address, "produce", produce_body(batch(2)))
     await follower_fetch(rpc, b.address, 0)
@@ -186,7 +186,7 @@ async def test_isr_expand_and_shrink_through_alter_partition(start_broker: Start
 
 async def test_shrink_not_applied_until_committed(start_broker: StartBroker, controller: FakeController,
                                                   rpc: RpcClient) -> None:
-    b = await start_broker(sets={"replica.lag.time.max.ms": 200})
+    b = await start_broker(sets={"replica.lag.time.max.ms": 200, "replica.fetch.wait.max.ms": 100})
     await controller.elect(TP, leader=1, replicas=[1, FOLLOWER])
     controller.hold_alter.clear()
     await rpc.call(b.address, "produce", produce_body(batch()))
@@ -335,7 +335,7 @@ async def test_an_expansion_answered_with_a_smaller_committed_isr_is_not_counted
 
 async def test_a_shrink_answered_with_a_larger_committed_isr_is_not_counted_as_an_expansion(
         start_broker: StartBroker, controller: FakeController, rpc: RpcClient) -> None:
-    b = await start_broker(sets={"replica.lag.time.max.ms": 200})
+    b = await start_broker(sets={"replica.lag.time.max.ms": 200, "replica.fetch.wait.max.ms": 100})
     await controller.elect(TP, leader=1, replicas=[1, FOLLOWER, 3], isr=[1, FOLLOWER])
     committed = controller.partitions[TP]
     committed.isr, committed.partition_epoch = [1, FOLLOWER, 3], committed.partition_epoch + 1
