@@ -403,7 +403,8 @@ async def produce_main(args: argparse.Namespace, stdin: BinaryIO, out: TextIO) -
 
     RECORD_ERRORS = {ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.RECORD_LIST_TOO_LARGE}
 
-    settings: dict[str, Any] = {"request_timeout_ms": min(args.delivery_timeout_ms, 30_000)}
+    # one request must fit in the delivery timeout after the linger (Kafka refuses the config otherwise)
+    settings: dict[str, Any] = {"request_timeout_ms": max(1, min(args.delivery_timeout_ms - args.linger_ms, 30_000))}
     settings.update(producer_properties(args.producer_property))
     config = ProducerConfig(acks=parse_acks(args.acks), linger_ms=args.linger_ms, batch_size=args.batch_size,
                             max_in_flight_requests_per_connection=args.max_in_flight,

@@ -17,6 +17,11 @@ exactly that group, never fewer batches and never merged with newer ones (the
 idempotent producer stamped them with consecutive sequences and a leader
 deduplicates a retried request as one unit, see the producer), and a group
 whose first batch expires expires whole.
+
+A group the leader refused as too large (MESSAGE_TOO_LARGE: nothing of it was
+appended) goes back undrained and *solo*, each batch drained alone: a group
+of several batches as its batches, a single batch as two halves of its
+records (``split``), which hand its records' outcomes on (``pieces``).
 """
 
 from __future__ import annotations
@@ -58,9 +63,34 @@ class ProducerBatch:
     producer_id: int = -1
     producer_epoch: int = -1
     base_sequence: int = -1
+    solo: bool = False  # drained alone, never with other batches (see the module docstring)
+    pieces: list[ProducerBatch] | None = None  # set by split: the batches now carrying its records, in order
 
     def __len__(self) -> int:
         return len(self.records)
+
+    def undrained(self) -> None:
+        """As if never drained: no group, no stamp, no attempt (Kafka treats the batches of a split "as if they
+        are not even tried"), drained alone next time."""
+        self.group = None
+        self.producer_id = self.producer_epoch = self.base_sequence = -1
+        self.attempts = 0
+        self.solo = True
+
+    def split(self) -> list[ProducerBatch]:
+        """Two batches, undrained, with the first and the second half of the records; this batch's records
+        are theirs from now on (``pieces``). Kafka splits to batch.size, which cannot help when the topic's
+        max.message.bytes is below it: halves always make progress."""
+        half = len(self.records) // 2
+        assert half > 0, "a batch of one record cannot be split"
+        self.pieces = []
+        for records in (self.records[:half], self.records[half:]):
+            piece = ProducerBatch(tp=self.tp, created_ms=self.created_ms, deadline_ms=self.deadline_ms,
+                                  records=records, size_bytes=sum(record_size(k, v) for k, v, _ in records),
+                                  closed=True, last_error=self.last_error)
+            piece.undrained()
+            self.pieces.append(piece)
+        return self.pieces
 
 
 class RecordAccumulator:
@@ -70,7 +100,7 @@ class RecordAccumulator:
         self.linger_ms = linger_ms
         self.delivery_timeout_ms = delivery_timeout_ms
         self._queues: dict[TopicPartition, deque[ProducerBatch]] = {}
-        self.flushing = False
+        self.flushing = 0  # flushes in progress (Kafka's flushesInProgress): every batch is ready meanwhile
         self.buffered_bytes = 0
 
     def try_append(self, tp: TopicPartition, key: bytes | None, value: bytes | None, timestamp_ms: int,
@@ -119,7 +149,7 @@ class RecordAccumulator:
     def is_ready(self, batch: ProducerBatch, now_ms: int) -> bool:
         if batch.retrying:
             return now_ms >= batch.retry_at_ms
-        return batch.closed or self.flushing or now_ms - batch.created_ms >= self.linger_ms
+        return batch.closed or self.flushing > 0 or now_ms - batch.created_ms >= self.linger_ms
 
     def next_ready_ms(self, batch: ProducerBatch) -> int:
         """When a not-yet-ready batch becomes ready (monotonic ms)."""
@@ -158,11 +188,15 @@ class RecordAccumulator:
                 break
             if (out or not at_least_one) and total + q[0].size_bytes > max_bytes:
                 break
+            if out and q[0].solo:
+                break
             batch = q.popleft()
             batch.closed = True
             batch.group = out
             total += batch.size_bytes
             out.append(batch)
+            if batch.solo:
+                break
         return out
 
     def requeue(self, batches: Iterable[ProducerBatch], retry_at_ms: int) -> None:

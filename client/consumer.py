@@ -281,6 +281,10 @@ class Consumer:
             done, _ = await asyncio.wait(list(self._in_flight.values()), timeout=remaining_ms / 1000,
                                          return_when=asyncio.FIRST_COMPLETED)
             for task in done:
+                # out of _in_flight before its result is read: a task that failed is raised once, never again
+                # by every later poll, and its work (a fetch, a reset) can be started anew
+                for key in [k for k, t in self._in_flight.items() if t is task]:
+                    del self._in_flight[key]
                 self._handle(task.result())
         out: list[ConsumerRecord] = []
         while self._buffer and len(out) < limit:
@@ -358,9 +362,13 @@ class Consumer:
                 answers = await asyncio.gather(*(self._list_offsets_at(a, ps, ts) for a, ps in by_leader.items()))
             except MinibrokerError as exc:
                 return _FetchResult("__reset__", {}, None, str(exc), exc)
+            except Exception as exc:  # a bug, not the brokers' answer: fail this reset, retried after a backoff
+                log.exception("consumer_offset_reset_failed", partitions=[str(tp) for tp in known])
+                error = f"offset reset failed: {exc!r}"
+                return _FetchResult("__reset__", {}, None, error, failed=dict.fromkeys(known, error))
             for (address, ps), (part, err) in zip(by_leader.items(), answers, strict=True):
-                found.update(part)
-                failed.update((tp, err or f"list_offsets to {address}: no offset") for tp in ps if tp not in part)
+                found.update((tp, offset) for tp, offset in part.items() if offset >= 0)  # -1: none, no position
+                failed.update((tp, err or f"list_offsets to {address}: no offset") for tp in ps if tp not in found)
             missing = [tp for tp in known if tp not in found]
             return _FetchResult("__reset__", found, None, f"no offset for {missing}" if missing else None,
                                 failed=failed)
@@ -393,17 +401,18 @@ class Consumer:
 
         self._in_flight["__metadata__"] = asyncio.create_task(refresh())
 
+    def _leader_epoch(self, tp: TopicPartition) -> int:
+        """The leader epoch from metadata, sent with fetches and offset lookups (KIP-320): a broker that still
+        thinks it leads an older epoch answers FENCED/UNKNOWN_LEADER_EPOCH (refresh, retry) instead of
+        OFFSET_OUT_OF_RANGE or an offset from its shorter log, which would move the position back."""
+        info = self.metadata.current.partitions.get(tp)
+        return info.leader_epoch if info is not None else -1
+
     async def _fetch(self, address: str, offsets: dict[TopicPartition, int], max_wait_ms: int) -> _FetchResult:
         topics: dict[str, list[dict[str, Any]]] = {}
-        known = self.metadata.current.partitions
         for tp, offset in offsets.items():
-            # The leader epoch from metadata (KIP-320): a broker that still thinks it leads an older epoch
-            # answers FENCED/UNKNOWN_LEADER_EPOCH (refresh, retry) instead of OFFSET_OUT_OF_RANGE from its
-            # shorter log, which would reset the position to the beginning.
-            info = known.get(tp)
             topics.setdefault(tp.topic, []).append({
-                "partition": tp.partition, "fetch_offset": offset,
-                "current_leader_epoch": info.leader_epoch if info is not None else -1,
+                "partition": tp.partition, "fetch_offset": offset, "current_leader_epoch": self._leader_epoch(tp),
                 "last_fetched_epoch": -1, "log_start_offset": -1,
                 "partition_max_bytes": self.config.max_partition_fetch_bytes})
         body = {"replica_id": -1, "broker_epoch": -1, "max_wait_ms": max_wait_ms,
@@ -419,7 +428,6 @@ class Consumer:
         return _FetchResult(address, offsets, resp)
 
     def _handle(self, result: _FetchResult) -> None:
-        self._in_flight.pop(result.address, None)
         if result.address == "__reset__":
             if result.fatal is not None:
                 raise result.fatal
@@ -446,7 +454,9 @@ class Consumer:
         for t in result.response.get("topics") or []:
             for p in t.get("partitions") or []:
                 tp = TopicPartition(str(t.get("topic")), int(p.get("partition", -1)))
-                if tp in result.offsets:
+                # a partition assign() dropped while the fetch was in flight: its data and errors are no longer
+                # this consumer's business (Kafka's FetchCollector ignores them)
+                if tp in result.offsets and self._positions.is_assigned(tp):
                     self._handle_partition(tp, result.offsets[tp], p)
 
     def _handle_partition(self, tp: TopicPartition, fetch_offset: int, p: dict[str, Any]) -> None:
@@ -552,8 +562,8 @@ class Consumer:
                                timestamp: int) -> tuple[dict[TopicPartition, int], str | None]:
         topics: dict[str, list[dict[str, Any]]] = {}
         for tp in tps:
-            topics.setdefault(tp.topic, []).append(
-                {"partition": tp.partition, "current_leader_epoch": -1, "timestamp": timestamp})
+            topics.setdefault(tp.topic, []).append({"partition": tp.partition, "timestamp": timestamp,
+                                                    "current_leader_epoch": self._leader_epoch(tp)})
         body = {"replica_id": -1, "isolation_level": 0,
                 "topics": [{"topic": t, "partitions": ps} for t, ps in topics.items()]}
         try:
@@ -564,14 +574,20 @@ class Consumer:
             return {}, str(exc)
         out: dict[TopicPartition, int] = {}
         error: str | None = None
-        for t in resp.get("topics") or []:
-            for p in t.get("partitions") or []:
-                tp = TopicPartition(str(t.get("topic")), int(p.get("partition", -1)))
-                code = ErrorCode.of(int(p.get("error", 0)))
-                if code is ErrorCode.NONE and tp in tps:
-                    out[tp] = int(p.get("offset", -1))
-                else:
-                    error = f"{tp}: {code.name}"
-                    if not code.retriable:
-                        raise error_for(code, f"list_offsets {tp}: {code.name}")
+        try:
+            for t in resp.get("topics") or []:
+                for p in t.get("partitions") or []:
+                    tp = TopicPartition(str(t.get("topic")), int(p.get("partition", -1)))
+                    code = ErrorCode.of(int(p.get("error", 0)))
+                    if code is ErrorCode.NONE and tp in tps:
+                        offset = p.get("offset", -1)
+                        if type(offset) is not int:
+                            raise TypeError(f"offset {offset!r} of {tp}")
+                        out[tp] = offset
+                    else:
+                        error = f"{tp}: {code.name}"
+                        if not code.retriable:
+                            raise error_for(code, f"list_offsets {tp}: {code.name}")
+        except (AttributeError, TypeError, ValueError) as exc:  # a malformed answer: the rest is asked again
+            return out, f"list_offsets to {address}: malformed answer ({exc})"
         return out, error

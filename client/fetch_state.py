@@ -65,6 +65,9 @@ class Positions:
     def assigned(self) -> list[TopicPartition]:
         return list(self._state)
 
+    def is_assigned(self, tp: TopicPartition) -> bool:
+        return tp in self._state
+
     def get(self, tp: TopicPartition) -> PartitionPosition:
         state = self._state.get(tp)
         if state is None:

@@ -2,17 +2,18 @@
 
 ``ClusterMetadata`` is a pure value built from a ``metadata`` response
 (docs/protocol.md); ``MetadataCache`` holds the current one, refreshes it from
-any reachable broker (bootstrap list first, then known brokers) and lets
-callers ask for a refresh when a leader moved (NOT_LEADER_OR_FOLLOWER, a
-broken connection). Refreshes are coalesced: concurrent callers share one
-request, and they are rate-limited by ``retry.backoff.ms``.
+any reachable broker (known brokers, then the bootstrap list, starting one
+further on each refresh) and lets callers ask for a refresh when a leader
+moved (NOT_LEADER_OR_FOLLOWER, a broken connection). Refreshes are coalesced:
+concurrent callers share one request, and they are rate-limited by
+``retry.backoff.ms``.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from client.errors import NoBrokersAvailableError
@@ -95,14 +96,21 @@ class ClusterMetadata:
     controller_id: int = -1
     cluster_id: str | None = None
     partition_counts: Mapping[str, int] = field(default_factory=dict)  # derived from partitions
+    # the highest leader epoch seen per partition (Kafka's Metadata.lastSeenLeaderEpochs): kept when an answer
+    # lacks the partition, so a later answer at an older epoch is still known to be stale
+    last_seen_epochs: Mapping[TopicPartition, int] = field(default_factory=dict)
 
     @classmethod
     def build(cls, brokers: Mapping[int, str], partitions: Mapping[TopicPartition, PartitionInfo],
-              topic_errors: Mapping[str, int], controller_id: int, cluster_id: str | None) -> ClusterMetadata:
+              topic_errors: Mapping[str, int], controller_id: int, cluster_id: str | None,
+              last_seen_epochs: Mapping[TopicPartition, int] | None = None) -> ClusterMetadata:
         counts: dict[str, int] = {}
         for tp in partitions:
             counts[tp.topic] = counts.get(tp.topic, 0) + 1
-        return cls(brokers, partitions, topic_errors, controller_id, cluster_id, counts)
+        epochs = {tp: info.leader_epoch for tp, info in partitions.items() if info.leader_epoch >= 0}
+        for tp, epoch in (last_seen_epochs or {}).items():
+            epochs[tp] = max(epoch, epochs.get(tp, -1))
+        return cls(brokers, partitions, topic_errors, controller_id, cluster_id, counts, epochs)
 
     def partitions_for(self, topic: str) -> list[int]:
         return sorted(tp.partition for tp in self.partitions if tp.topic == topic)
@@ -135,20 +143,31 @@ def metadata_from_response(resp: Mapping[str, Any]) -> ClusterMetadata:
 
 def merge_metadata(old: ClusterMetadata, new: ClusterMetadata, topics: Iterable[str] | None) -> ClusterMetadata:
     """A refresh of some topics keeps what is known of the others; a refresh of all replaces all. A partition
-    never goes back to an older leader epoch (Kafka's ``Metadata.updateLatestMetadata``): a broker that was cut
-    off may still answer with the leader it last knew, and a consumer sent to that stale leader would take
-    its shorter log for the truth (OFFSET_OUT_OF_RANGE, a reset to the beginning)."""
+    never goes back to an older leader epoch than the last one seen (Kafka's ``Metadata.updateLatestMetadata``),
+    even across an answer that lacked it (a broker just restarted answers UNKNOWN_TOPIC_OR_PARTITION, no
+    partitions): a broker that was cut off may still answer with the leader it last knew, and a consumer sent
+    to that stale leader would take its shorter log for the truth (OFFSET_OUT_OF_RANGE, a reset to the
+    beginning). Such an answer keeps the partition's known info, or, when none is known, puts the partition
+    without a leader (Kafka leaves it out; here it is kept so the topic's partition count stays right)."""
     wanted = None if topics is None else set(topics)
     partitions = {} if wanted is None else {tp: info for tp, info in old.partitions.items() if tp.topic not in wanted}
+    last_seen = old.last_seen_epochs
     for tp, info in new.partitions.items():
-        known = old.partitions.get(tp)
-        partitions[tp] = known if known is not None and 0 <= info.leader_epoch < known.leader_epoch else info
+        last = last_seen.get(tp, -1)
+        if 0 <= info.leader_epoch < last:
+            known = old.partitions.get(tp)
+            info = known if known is not None and known.leader_epoch >= last else replace(
+                info, leader=-1, leader_epoch=last)
+        partitions[tp] = info
+    # Kafka forgets a last seen epoch once its topic is no longer wanted; a MetadataCache never stops wanting
+    # a topic, so every one is kept
     if wanted is None:
-        return ClusterMetadata.build(new.brokers, partitions, new.topic_errors, new.controller_id, new.cluster_id)
+        return ClusterMetadata.build(new.brokers, partitions, new.topic_errors, new.controller_id, new.cluster_id,
+                                     last_seen)
     topic_errors = {t: e for t, e in old.topic_errors.items() if t not in wanted}
     topic_errors.update(new.topic_errors)
     return ClusterMetadata.build(new.brokers or old.brokers, partitions, topic_errors, new.controller_id,
-                                 new.cluster_id or old.cluster_id)
+                                 new.cluster_id or old.cluster_id, last_seen)
 
 
 class MetadataCache:
@@ -182,16 +201,13 @@ class MetadataCache:
 
     def candidates(self) -> list[str]:
         """Every known broker address (metadata's brokers, then the bootstrap list), rotated past brokers that
-        failed to answer: where to send a request that any broker can answer."""
-        return self._candidates()
-
-    def _candidates(self) -> list[str]:
+        failed to answer and past the one that answered the last refresh: where to send a request that any
+        broker can answer."""
         known = [a for _, a in sorted(self.current.brokers.items())]
         seen: list[str] = []
         for address in known + self._bootstrap:
             if address not in seen:
                 seen.append(address)
-        # rotate so one dead broker is not always asked first
         start = self._next_address % len(seen)
         return seen[start:] + seen[:start]
 
@@ -209,13 +225,16 @@ class MetadataCache:
     async def _fetch(self) -> ClusterMetadata:
         topics = sorted(self._topics)
         errors: list[str] = []
-        for address in self._candidates():
+        for address in self.candidates():
+            # each refresh starts one broker further on, whether this one answers or not: a broker that
+            # answers but missed UpdateMetadata must not be the only one ever asked (Kafka's leastLoadedNode
+            # starts at a random node on each call; a rotation spreads refreshes as evenly, deterministically)
+            self._next_address += 1
             try:
                 resp = await self._rpc.call(address, "metadata", {"topics": topics},
                                             timeout_s=self._request_timeout_ms / 1000)
             except RpcError as exc:
                 errors.append(str(exc))
-                self._next_address += 1
                 continue
             fresh = metadata_from_response(resp)
             self.current = merge_metadata(self.current, fresh, topics)

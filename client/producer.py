@@ -12,9 +12,19 @@
 ``max.in.flight.requests.per.connection`` requests per broker at once.
 Retriable errors (leader moved, not enough replicas, timeouts, broken
 connections) refresh metadata and retry after ``retry.backoff.ms`` until
-``delivery.timeout.ms``; other errors fail the records with a typed error.
-With ``acks=0`` a record resolves with offset -1 as soon as its request is
-written (Kafka does the same); the answer is read and ignored.
+``delivery.timeout.ms``; other errors fail the records with a typed error, but
+a batch refused as too large (MESSAGE_TOO_LARGE: the topic's
+``max.message.bytes`` is below ``batch.size``) is split and sent again, as
+Kafka's Sender does (``_split_too_large``). A batch whose request is still
+unanswered at its ``delivery.timeout.ms`` fails then, as maybe written
+(Kafka's Sender.getExpiredInflightBatches); its answer, when it comes, is
+ignored. ``delivery.timeout.ms`` must be at least ``linger.ms +
+request.timeout.ms`` (Kafka's ConfigException). With ``acks=0`` a record
+resolves with offset -1 once its request was answered; the answer is read and
+ignored (Kafka resolves once the request is written, which the HTTP client
+does not report: the broker answers acks=0 right after its local append).
+``flush`` waits for the records sent before it; ``close`` refuses new sends at
+once, then flushes and waits for the requests in flight.
 
 Idempotence (``enable.idempotence``, KIP-98 without transactions; on by
 default with acks=all, see ``ProducerConfig``): before its first batch the
@@ -76,6 +86,8 @@ _time_ns = time.time_ns
 
 ACKS = {"all": -1, "-1": -1, "1": 1, "0": 0}
 
+_DEFAULT_DELIVERY_TIMEOUT_MS = 120_000
+
 MAX_TIMESTAMP_MS = 2**63 - 1  # a record batch stores timestamps as signed 64-bit
 _MAX_INT = 2**31 - 1  # Kafka's INT settings
 _MAX_LONG = 2**63 - 1  # Kafka's LONG settings
@@ -128,7 +140,7 @@ class ProducerConfig:
     retries: int = 2**31 - 1
     retry_backoff_ms: int = 100
     request_timeout_ms: int = 30_000
-    delivery_timeout_ms: int = 120_000
+    delivery_timeout_ms: int = _DEFAULT_DELIVERY_TIMEOUT_MS
     max_block_ms: int = 60_000
     # None (not set): on when acks is all and retries > 0, else off (Kafka 3.2+). True with acks 0/1 or
     # retries 0 is a ConfigError, as Kafka's. Kafka also ties it to max.in.flight.requests.per.connection <= 5;
@@ -156,6 +168,19 @@ class ProducerConfig:
         if self.enable_idempotence is not None and type(self.enable_idempotence) is not bool:
             raise TypeError(f"enable.idempotence must be True, False or None (the default), got "
                             f"{type(self.enable_idempotence).__name__} {self.enable_idempotence!r}")
+        # Kafka's configureDeliveryTimeout: a record must be allowed to linger and then wait for one full
+        # request. Kafka raises only for a delivery.timeout.ms the user set, and else raises the timeout to
+        # the sum; a dataclass cannot tell an explicit 120000 from the default, so the default value is taken
+        # as not set.
+        least = self.linger_ms + self.request_timeout_ms
+        if self.delivery_timeout_ms < least:
+            if self.delivery_timeout_ms != _DEFAULT_DELIVERY_TIMEOUT_MS:
+                raise ConfigError(f"delivery.timeout.ms should be equal to or larger than linger.ms + "
+                                  f"request.timeout.ms ({self.linger_ms} + {self.request_timeout_ms}), got "
+                                  f"{self.delivery_timeout_ms}")
+            log.warning("producer_delivery_timeout_raised", delivery_timeout_ms=least,
+                        detail="delivery.timeout.ms not set: raised to linger.ms + request.timeout.ms")
+            object.__setattr__(self, "delivery_timeout_ms", least)
         if self.enable_idempotence:
             conflicts = ([f"acks={self.acks}"] if self.acks != -1 else []) + (
                 ["retries=0"] if self.retries == 0 else [])
@@ -190,21 +215,35 @@ class DeliveryFuture:
     def topic_partition(self) -> TopicPartition:
         return self._batch.tp
 
+    def _carrier(self) -> tuple[ProducerBatch, int]:
+        """The batch that carries this record now, and its index there: a batch split on MESSAGE_TOO_LARGE
+        hands its records on to its pieces (Kafka re-chains the record's future to the new batch). A split
+        batch completes only once its pieces have, so waiting on the carrier found at any moment is enough."""
+        batch, index = self._batch, self.index
+        while batch.pieces is not None:
+            for piece in batch.pieces:
+                if index < len(piece.records):
+                    batch = piece
+                    break
+                index -= len(piece.records)
+        return batch, index
+
     def done(self) -> bool:
-        return bool(self._batch.completion.done())
+        return bool(self._carrier()[0].completion.done())
 
     def exception(self) -> BaseException | None:
-        exc: BaseException | None = self._batch.completion.exception()
+        exc: BaseException | None = self._carrier()[0].completion.exception()
         return exc
 
     def result(self) -> RecordMetadata:
-        base: int = self._batch.completion.result()
-        offset = -1 if base < 0 else base + self.index
-        tp = self._batch.tp
-        return RecordMetadata(tp.topic, tp.partition, offset, self._batch.records[self.index][2])
+        batch, index = (self._batch, self.index) if self._batch.pieces is None else self._carrier()
+        base: int = batch.completion.result()
+        offset = -1 if base < 0 else base + index
+        tp = batch.tp
+        return RecordMetadata(tp.topic, tp.partition, offset, batch.records[index][2])
 
     def add_done_callback(self, fn: Callable[[DeliveryFuture], Any]) -> None:
-        self._batch.completion.add_done_callback(lambda _f: fn(self))
+        self._carrier()[0].completion.add_done_callback(lambda _f: fn(self))
 
     def add_batch_callback(self, fn: Callable[[int, BaseException | None], Any]) -> None:
         """Call ``fn(record_count, error)`` once when this record's whole batch is done (cheap per-batch
@@ -213,7 +252,7 @@ class DeliveryFuture:
         batch.completion.add_done_callback(lambda f: fn(len(batch), f.exception()))
 
     def __await__(self) -> Generator[Any, None, RecordMetadata]:
-        yield from asyncio.shield(self._batch.completion).__await__()
+        yield from asyncio.shield(self._carrier()[0].completion).__await__()
         return self.result()
 
 
@@ -242,12 +281,15 @@ class Producer:
         self._partitioner = StickyPartitioner()
         self._wake = asyncio.Event()
         self._space = asyncio.Event()
-        self._muted: set[TopicPartition] = set()
+        # partitions with a request in flight, and the batches it carries (a partition has one at a time)
+        self._muted: dict[TopicPartition, list[ProducerBatch]] = {}
         self._in_flight: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._requests: set[asyncio.Task[None]] = set()  # the produce requests in flight (among _tasks)
         self._pending: set[asyncio.Future[int]] = set()
         self._sender: asyncio.Task[None] | None = None
-        self._closed = False
+        self._closing = False  # close() was called: send refuses records from then on
+        self._closed = False  # close() has flushed (or given up): no more retries, the sender stops
         self._need_refresh = False
         self._tps: dict[str, list[TopicPartition]] = {}  # cached TopicPartition values per topic
         self._max_request_size = config.max_request_size
@@ -290,7 +332,7 @@ class Producer:
                     partition: int | None = None, timestamp_ms: int | None = None) -> DeliveryFuture | None:
         """Queue one record without waiting; None when that would block (topic metadata not known yet,
         or ``buffer.memory`` full): then use ``send``. Raises for a partition the topic does not have."""
-        if self._closed:
+        if self._closing:
             raise ProducerClosedError("producer is closed")
         # the hot path: one call per record, so checks are inlined and lookups cached
         if (value is not None and type(value) is not bytes and not isinstance(value, bytes)) or (
@@ -401,7 +443,7 @@ class Producer:
     async def _wait_for_space(self) -> None:
         """Until ``buffer.memory`` has room; BufferExhaustedError after ``max.block.ms`` (as Kafka)."""
         deadline = self._clock.monotonic_ms() + self.config.max_block_ms
-        while self._acc.buffered_bytes >= self.config.buffer_memory and not self._closed:
+        while self._acc.buffered_bytes >= self.config.buffer_memory and not self._closing:
             self._space.clear()
             self._wake.set()
             remaining_ms = deadline - self._clock.monotonic_ms()
@@ -435,27 +477,33 @@ class Producer:
         return len(parts)
 
     async def flush(self) -> None:
-        """Send everything queued now (ignoring linger) and wait until every record is done."""
-        self._acc.flushing = True
+        """Send everything queued now (ignoring linger) and wait until every record sent before the call is
+        done; records sent meanwhile are not waited for (Kafka's flush), so other senders cannot keep it
+        waiting."""
+        pending = list(self._pending)
+        self._acc.flushing += 1  # a count: concurrent flushes each keep batches ready until they end
         self._wake.set()
         try:
-            while self._pending:
-                await asyncio.wait(list(self._pending))
+            if pending:
+                await asyncio.wait(pending)
         finally:
-            self._acc.flushing = False
+            self._acc.flushing -= 1
 
     async def close(self, timeout_ms: float | None = None) -> None:
-        """Flush, then stop. With ``timeout_ms`` (Kafka's ``close(Duration)``), wait at most that long for the
-        records sent so far (0: not at all); the records still unanswered then fail with ProducerClosedError,
-        as maybe written when a request carrying them was sent (``client.errors.is_definite_failure``)."""
+        """Refuse new records, flush, wait for the requests still in flight, then stop. With ``timeout_ms``
+        (Kafka's ``close(Duration)``), wait at most that long (0: not at all); the records still unanswered then
+        fail with ProducerClosedError, as maybe written when a request carrying them was sent
+        (``client.errors.is_definite_failure``)."""
         if self._closed:
             return
+        self._closing = True
+        self._space.set()  # a send waiting for buffer.memory gives up now
         try:
             if timeout_ms is None:
-                await self.flush()
+                await self._drain()
             elif timeout_ms > 0:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.flush(), timeout_ms / 1000)
+                    await asyncio.wait_for(self._drain(), timeout_ms / 1000)
         finally:
             self._closed = True
             self._wake.set()
@@ -469,6 +517,13 @@ class Producer:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
             self._fail(self._acc.fail_all(), ProducerClosedError("producer closed before delivery"))
             await self._rpc.close()
+
+    async def _drain(self) -> None:
+        """Flush, then wait for the requests still in flight, whose records failed at delivery.timeout.ms
+        already (Kafka's close waits for every request in flight: cancelled, it would be cut off mid-write)."""
+        await self.flush()
+        if self._requests:
+            await asyncio.wait(list(self._requests))
 
     # -- the sender ------------------------------------------------------------------------------
 
@@ -593,9 +648,12 @@ class Producer:
         for batch in self._acc.expire(now):
             why = batch.last_error or ("LEADER_NOT_AVAILABLE" if md.leader_address(batch.tp) is None else "") or (
                 "waiting for a producer id" if self._idempotent and batch.group is None else "")
-            self._fail([batch], DeliveryTimeoutError(f"not acknowledged within delivery.timeout.ms="
-                                                     f"{self.config.delivery_timeout_ms}"
-                                                     + (f" (last error {why})" if why else "")))
+            self._fail([batch], self._delivery_timeout(f"last error {why}" if why else ""))
+        for batches in self._muted.values():
+            # in flight past the deadline (Kafka's getExpiredInflightBatches): fails now, as maybe written; the
+            # request goes on and keeps the partition muted, and its answer finds these batches done
+            if batches[0].deadline_ms <= now and not batches[0].completion.done():
+                self._fail(batches, self._delivery_timeout("its request is still unanswered"))
         # an idempotent producer drains a batch for the first time only with a producer id to stamp it with;
         # retried batches (stamped already) go on meanwhile
         waiting_for_id = self._idempotent and self.producer_id < 0
@@ -627,8 +685,9 @@ class Producer:
             if self._in_flight.get(address, 0) >= self.config.max_in_flight_requests_per_connection:
                 continue
             self._send_to(address, tps, now)
-        soonest_deadline = min((b.deadline_ms for tp in self._acc.partitions()
-                                if (b := self._acc.head(tp)) is not None), default=None)
+        heads = [b for tp in self._acc.partitions() if (b := self._acc.head(tp)) is not None]
+        heads += [bs[0] for bs in self._muted.values() if not bs[0].completion.done()]
+        soonest_deadline = min((b.deadline_ms for b in heads), default=None)
         if soonest_deadline is not None:
             wait = max(1, soonest_deadline - now)
             next_ms = wait if next_ms is None else min(next_ms, wait)
@@ -653,7 +712,9 @@ class Producer:
             return
         self._muted.update(drained)
         self._in_flight[address] = self._in_flight.get(address, 0) + 1
-        self._spawn(self._produce(address, drained))
+        request = self._spawn(self._produce(address, drained))
+        self._requests.add(request)
+        request.add_done_callback(self._requests.discard)
 
     def _stamp(self, tp: TopicPartition, batches: list[ProducerBatch]) -> None:
         """Give fresh batches the producer id and their partition's next sequences (Kafka assigns them at
@@ -685,9 +746,6 @@ class Producer:
                     b.attempts += 1
                     b.in_flight = True
             body = self._request(drained)
-            if self.config.acks == 0:
-                for batches in drained.values():
-                    self._complete(batches, -1)
             try:
                 try:
                     resp = await self._rpc.call(address, "produce", body,
@@ -702,6 +760,10 @@ class Producer:
                 for batches in drained.values():
                     self._retry_or_fail(batches, ErrorCode.NETWORK_EXCEPTION, str(exc))
                 return
+            if self.config.acks == 0:  # sent: the records count as delivered only now (see the module docstring)
+                for batches in drained.values():
+                    self._complete(batches, -1)
+                return
             self._handle_response(resp, drained)
         except asyncio.CancelledError:  # close() gave up waiting: the request may have been appended
             for batches in drained.values():
@@ -715,7 +777,8 @@ class Producer:
         finally:
             _mark_answered(drained)
             self._in_flight[address] -= 1
-            self._muted.difference_update(drained)
+            for tp in drained:
+                del self._muted[tp]
             self._wake.set()
 
     def _handle_response(self, resp: dict[str, Any], drained: dict[TopicPartition, list[ProducerBatch]]) -> None:
@@ -752,7 +815,7 @@ class Producer:
         self._space.set()
 
     def _retry_or_fail(self, batches: list[ProducerBatch], code: ErrorCode, message: str) -> None:
-        if all(b.completion.done() for b in batches):  # acks=0: already resolved
+        if all(b.completion.done() for b in batches):  # expired while in flight: its outcome is told already
             return
         if code not in NOT_APPENDED:
             for b in batches:
@@ -760,9 +823,9 @@ class Producer:
         now = self._clock.monotonic_ms()
         head = batches[0]
         if code.retriable and now >= head.deadline_ms:
-            self._fail(batches, DeliveryTimeoutError(
-                f"not acknowledged within delivery.timeout.ms={self.config.delivery_timeout_ms} "
-                f"(last error {code.name})"))
+            self._fail(batches, self._delivery_timeout(f"last error {code.name}"))
+            return
+        if code is ErrorCode.MESSAGE_TOO_LARGE and self._split_too_large(batches, now):
             return
         if (code is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER and len(batches) > 1 and head.attempts > 1
                 and not self._closed):
@@ -788,6 +851,43 @@ class Producer:
             self._acc.requeue(batches, now + self.config.retry_backoff_ms)
             return
         self._fail(batches, error_for(code, f"{code.name}: {message}" if message else code.name))
+
+    def _split_too_large(self, batches: list[ProducerBatch], now: int) -> bool:
+        """Send again, in smaller batches, a group the leader refused as too large (Kafka's Sender.completeBatch
+        and RecordAccumulator.splitAndReenqueue): a group of several batches batch by batch (Kafka sends one
+        batch per partition and so knows which one is too large; here the refused one is found by sending them
+        alone), a single batch as two halves. The new batches take its place at the front of the queue, so the
+        partition's order is kept. They are drained afresh: an idempotent producer stamps them then, with the
+        sequences the group had, taken back here (nothing of it is in the log, and the partition has had no
+        other batch stamped meanwhile: it is muted), so the sequences stay contiguous. False (the records fail)
+        for one record, or when an earlier attempt of the group may have been written: a split could then
+        write it twice."""
+        head = batches[0]
+        if self._closed or (len(batches) == 1 and len(head) == 1) or any(b.maybe_written for b in batches):
+            return False
+        if head.producer_id >= 0 and head.producer_id == self.producer_id:
+            if self._sequences.get(head.tp) != (head.base_sequence + sum(map(len, batches))) & _SEQUENCE_MASK:
+                return False  # not the partition's last stamped batches: their sequences cannot be taken back
+            self._sequences[head.tp] = head.base_sequence
+        # batches stamped with an earlier producer id get the current one: that id's sequences were abandoned
+        if len(batches) > 1:
+            for b in batches:
+                b.undrained()
+            smaller = batches
+        else:
+            smaller = head.split()
+            loop = asyncio.get_running_loop()
+            for piece in smaller:
+                piece.completion = loop.create_future()
+                piece.completion.add_done_callback(lambda _f: _complete_split(head))
+        log.info("producer_split_too_large", topic=head.tp.topic, partition=head.tp.partition,
+                 batches=len(batches), records=sum(map(len, batches)), into=len(smaller))
+        self._acc.requeue(smaller, now)
+        return True
+
+    def _delivery_timeout(self, why: str) -> DeliveryTimeoutError:
+        return DeliveryTimeoutError(f"not acknowledged within delivery.timeout.ms={self.config.delivery_timeout_ms}"
+                                    + (f" ({why})" if why else ""))
 
     def _fail(self, batches: Sequence[ProducerBatch], exc: BaseException, *, definite: bool = True) -> None:
         """Fail ``batches`` with ``exc``; it is marked a definite failure when no attempt of any of them
@@ -818,6 +918,20 @@ def _check_timestamp(timestamp_ms: object) -> None:
                         f"{type(timestamp_ms).__name__} {timestamp_ms!r}")
     if not 0 <= timestamp_ms <= MAX_TIMESTAMP_MS:
         raise ValueError(f"Invalid timestamp: {timestamp_ms}. Timestamp must be in [0, {MAX_TIMESTAMP_MS}] or None")
+
+
+def _complete_split(batch: ProducerBatch) -> None:
+    """Complete a split batch once all its pieces are: with the first piece's error if any failed (for
+    ``add_batch_callback``; each record's own outcome is its piece's, see ``DeliveryFuture``)."""
+    assert batch.pieces is not None
+    if batch.completion.done() or not all(p.completion.done() for p in batch.pieces):
+        return
+    error = next((e for p in batch.pieces if (e := p.completion.exception()) is not None), None)
+    if error is None:
+        batch.completion.set_result(-1)
+    else:
+        batch.completion.set_exception(error)
+        batch.completion.exception()  # retrieved: each record reports its own
 
 
 def _mark_answered(drained: dict[TopicPartition, list[ProducerBatch]]) -> None:

@@ -85,7 +85,8 @@ async def test_consume_says_which_partitions_had_no_leader(fake: FakeCluster) ->
 async def test_produce_reports_failures_and_exits_non_zero(fake: FakeCluster) -> None:
     from common.errors import ErrorCode
 
-    fake.errors[TopicPartition(TOPIC, 0)].append(ErrorCode.MESSAGE_TOO_LARGE)
+    # the batch of both, then each half once split (Kafka's producer splits a batch refused as too large)
+    fake.errors[TopicPartition(TOPIC, 0)].extend([ErrorCode.MESSAGE_TOO_LARGE] * 3)
     status, out, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "0",
                                  "--delivery-report", "--linger-ms", "50", stdin=b"x\ny\n")
     assert status == 1

@@ -17,12 +17,20 @@ shared by every fake broker, as if followers rebuilt it from the replicated
 batches. ``lose_answers[tp] = n``: the next ``n`` produce requests that append
 to ``tp`` append, then lose their answer (the connection is cut), so the
 client retries what was written.
+
+Metadata answers can be stale: ``frozen_metadata[node]`` is what that broker
+keeps answering (it missed UpdateMetadata since ``freeze_metadata``), and
+``metadata_script`` scripts the next answers whoever is asked: ``"unknown"``
+(a broker just restarted, that knows no topic yet) or a node id (answered as
+that node would, ``stale_leaders`` included). List offsets, like fetches,
+check ``current_leader_epoch`` against ``stale_leaders``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import itertools
 from collections import Counter, defaultdict, deque
 from collections.abc import AsyncIterator, Sequence
@@ -111,6 +119,7 @@ class FakePartition:
     log_end_offset: int = 0
     hw_lag: int = 0
     producers: dict[int, ProducerEntry] = field(default_factory=dict)  # idempotent producers' state
+    max_message_bytes: int | None = None  # the topic's max.message.bytes: a larger batch is MESSAGE_TOO_LARGE
 
     @property
     def high_watermark(self) -> int:
@@ -144,6 +153,10 @@ class FakeCluster:
         # until the controller notices its silence)
         self.dead_but_listed: set[int] = set()
         self.metadata_requests: Counter[str] = Counter()  # per topic asked for
+        self.metadata_requests_by_node: Counter[int] = Counter()
+        self.frozen_metadata: dict[int, dict[str, Any]] = {}  # node -> the answer it keeps giving
+        self.metadata_script: deque[str | int] = deque()  # the next answers: "unknown", or as node n would
+        self.malformed_list_offsets = 0  # the next n list_offsets answers carry offset None
         self.hold_produce = asyncio.Event()  # cleared: produce requests wait (unanswered) until it is set
         self.hold_produce.set()
 
@@ -191,6 +204,7 @@ class FakeCluster:
         await self.stop_broker(node_id)
 
     async def close(self) -> None:
+        self.hold_produce.set()  # held requests are answered, not left for the server's shutdown timeout
         for node_id in list(self.runners):
             await self.stop_broker(node_id)
 
@@ -206,9 +220,28 @@ class FakeCluster:
             return web.Response(body=encode(result), content_type=CONTENT_TYPE)
         return handle
 
+    def freeze_metadata(self, node_id: int, topics: list[str] | None = None) -> None:
+        """From now on ``node_id`` answers metadata as it would now, whatever changes (it missed UpdateMetadata)."""
+        self.frozen_metadata[node_id] = self._metadata_answer(node_id, topics)
+
     async def _metadata(self, node_id: int, body: dict[str, Any]) -> dict[str, Any]:
         wanted = body.get("topics")
         self.metadata_requests.update(wanted or [])
+        self.metadata_requests_by_node[node_id] += 1
+        if node_id in self.frozen_metadata:
+            return copy.deepcopy(self.frozen_metadata[node_id])
+        if self.metadata_script:
+            mode = self.metadata_script.popleft()
+            if mode == "unknown":
+                answer = self._metadata_answer(node_id, [])
+                answer["topics"] = [{"topic": t, "error": int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION), "partitions": []}
+                                    for t in wanted or []]
+                return answer
+            assert isinstance(mode, int)
+            node_id = mode
+        return self._metadata_answer(node_id, wanted)
+
+    def _metadata_answer(self, node_id: int, wanted: list[str] | None) -> dict[str, Any]:
         topics: dict[str, list[dict[str, Any]]] = {}
         for tp, part in sorted(self.partitions.items()):
             if wanted is None or tp.topic in wanted:
@@ -262,7 +295,11 @@ class FakeCluster:
                 buf = bytearray(p["records"])
                 batches = list(iter_batches(bytes(buf)))
                 self.batches_per_partition.append(len(batches))
-                code, duplicate_of = check_sequences(part.producers, [h for _, h in batches])
+                limit = part.max_message_bytes
+                # as the broker's check_batches: any batch too large refuses the partition's records, before
+                # the sequence checks
+                code, duplicate_of = (ErrorCode.MESSAGE_TOO_LARGE, -1) if limit is not None and any(
+                    h.size > limit for _, h in batches) else check_sequences(part.producers, [h for _, h in batches])
                 if code is not ErrorCode.NONE:
                     parts.append({"partition": tp.partition, "error": int(code), "base_offset": -1,
                                   "log_start_offset": -1})
@@ -359,10 +396,19 @@ class FakeCluster:
             for p in t["partitions"]:
                 tp = TopicPartition(t["topic"], p["partition"])
                 code = self._check(node_id, tp)
-                offset = -1
-                if code is ErrorCode.NONE:
+                offset: int | None = -1
+                stale = self.stale_leaders.get((node_id, tp))
+                if stale is not None and p.get("current_leader_epoch", -1) <= stale[0]:
+                    code = ErrorCode.NONE  # a cut-off old leader, believed by the client: its own short log
+                    offset = 0 if p["timestamp"] == -2 else stale[1]
+                elif stale is not None:
+                    code = ErrorCode.UNKNOWN_LEADER_EPOCH
+                elif code is ErrorCode.NONE:
                     part = self.partitions[tp]
                     offset = part.log_start_offset if p["timestamp"] == -2 else part.high_watermark
+                if code is ErrorCode.NONE and self.malformed_list_offsets > 0:
+                    self.malformed_list_offsets -= 1
+                    offset = None
                 parts.append({"partition": tp.partition, "error": int(code), "timestamp": -1, "offset": offset,
                               "leader_epoch": -1})
             topics.append({"topic": t["topic"], "partitions": parts})

@@ -9,7 +9,7 @@ import time
 import msgpack
 import pytest
 
-from client import Consumer, Producer, ProducerConfig, TopicPartition
+from client import Consumer, Producer, TopicPartition
 from client.accumulator import record_size
 from client.errors import CorruptRecordError, DeliveryTimeoutError
 from client.partitioner import partition_for_key
@@ -17,14 +17,9 @@ from common.clock import ManualClock
 from common.errors import ErrorCode, MinibrokerError
 from storage.record_batch import HEADER_SIZE, build_batch, compute_crc
 from tests.client.fake_broker import FakeCluster
+from tests.client.helpers import fast
 
 TOPIC = "events"
-
-
-def fast(**kw: int) -> ProducerConfig:
-    base = {"linger_ms": 2, "retry_backoff_ms": 20, "delivery_timeout_ms": 10_000, "request_timeout_ms": 5_000}
-    base.update(kw)
-    return ProducerConfig(**base)
 
 
 async def consume_all(bootstrap: str, expected: int, timeout_s: float = 20) -> list[object]:

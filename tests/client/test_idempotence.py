@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from typing import Any
 
 import pytest
 
@@ -22,16 +21,10 @@ from common.config import ConfigError
 from common.errors import ErrorCode, MinibrokerError
 from storage.record_batch import decode_records
 from tests.client.fake_broker import FakeCluster
+from tests.client.helpers import fast
 
 TOPIC = "events"
 TP0, TP1, TP2 = (TopicPartition(TOPIC, p) for p in range(3))
-
-
-def fast(**kw: Any) -> ProducerConfig:
-    base: dict[str, Any] = {"linger_ms": 2, "retry_backoff_ms": 20, "delivery_timeout_ms": 10_000,
-                            "request_timeout_ms": 5_000}
-    base.update(kw)
-    return ProducerConfig(**base)
 
 
 def log_values(fake: FakeCluster, tp: TopicPartition) -> list[bytes | None]:

@@ -94,7 +94,7 @@ def test_ready_by_size_linger_or_flush() -> None:
     assert not a.is_ready(batch, 105)
     assert a.next_ready_ms(batch) == 110
     assert a.is_ready(batch, 110)
-    a.flushing = True
+    a.flushing = 1
     assert a.is_ready(batch, 100)
 
 
@@ -248,6 +248,20 @@ def test_metadata_from_response_and_merge() -> None:
     merged = merge_metadata(other, md, ["t"])
     assert TopicPartition("u", 0) in merged.partitions and TP0 in merged.partitions
     assert merged.partition_counts == {"u": 1, "t": 2}
+
+
+def test_a_merge_never_goes_back_to_an_older_leader_epoch_even_after_an_answer_without_the_topic() -> None:
+    known = metadata_from_response(META)  # partition 0: leader 1 at epoch 3; partition 1: no leader, epoch 4
+    blank = metadata_from_response({**META, "topics": [{"topic": "t", "error": 3, "partitions": []}]})
+    stale = metadata_from_response({**META, "topics": [{"topic": "t", "error": 0, "partitions": [  # a cut-off leader
+        {"partition": p, "error": 0, "leader": 2, "leader_epoch": 1, "replicas": [1, 2], "isr": [2]}
+        for p in (0, 1)]}]})
+    after_blank = merge_metadata(known, blank, ["t"])
+    assert after_blank.partitions_for("t") == []  # a restarted broker: the topic is unknown for now
+    merged = merge_metadata(after_blank, stale, ["t"])
+    assert [merged.partitions[tp].leader_epoch for tp in (TP0, TP1)] == [3, 4]  # the last seen, not 1
+    assert merged.leader_address(TP0) is None and merged.partitions_for("t") == [0, 1]
+    assert merge_metadata(merged, known, ["t"]).leader_address(TP0) == (1, "h:1")  # the same epoch again: taken
 
 
 def test_describe_merges_controller_view_with_replica_status() -> None:

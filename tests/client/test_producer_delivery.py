@@ -1,0 +1,187 @@
+"""When the producer reports a record delivered or failed, and what flush and close wait for (Kafka's Sender,
+RecordAccumulator and KafkaProducer.flush/close): acks=0, delivery.timeout.ms for requests in flight, and
+senders that keep going while a flush or close waits."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from client import Producer, ProducerConfig, TopicPartition
+from client.accumulator import record_size
+from client.errors import DeliveryTimeoutError, ProducerClosedError, is_definite_failure
+from common.clock import ManualClock
+from common.config import ConfigError
+from common.errors import ErrorCode, MinibrokerError
+from storage.record_batch import decode_records
+from tests.client.fake_broker import FakeCluster
+from tests.client.helpers import fast
+
+TOPIC = "events"
+TP0, TP1 = TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)
+
+
+async def until(condition: object, what: str) -> None:
+    """Wait (at most 10 s, polling) until ``condition()`` holds."""
+    for _ in range(1000):
+        if condition():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never happened: {what}")
+
+
+async def test_acks_zero_records_are_delivered_only_once_sent_and_close_waits_for_them(fake: FakeCluster) -> None:
+    """A slow broker has read the requests but not answered: the records are not reported delivered yet, and
+    close() waits for them instead of cancelling their requests (they used to be reported delivered at once,
+    and dropped by close)."""
+    producer = Producer(fake.bootstrap, fast(acks=0, linger_ms=0, batch_size=200))
+    await producer.start()
+    fake.hold_produce.clear()
+    futures = [await producer.send(TOPIC, b"r%d" % i, partition=i % 3) for i in range(30)]
+    await until(lambda: fake.produce_requests >= 3, "the broker has requests for the three partitions")
+    assert not any(f.done() for f in futures)
+    closing = asyncio.create_task(producer.close())
+    await asyncio.sleep(0.05)
+    fake.hold_produce.set()
+    await asyncio.wait_for(closing, 30)
+    assert [f.result().offset for f in futures] == [-1] * 30
+    assert sum(p.log_end_offset for p in fake.partitions.values()) == 30
+
+
+async def test_acks_zero_record_whose_request_failed_is_retried_not_reported_delivered(fake: FakeCluster) -> None:
+    fake.partitions[TP0].leader = 1
+    await fake.kill_broker(1)  # still named leader: the first attempt cannot connect
+    async with Producer(fake.bootstrap, fast(acks=0)) as producer:
+        fut = await producer.send(TOPIC, b"x", partition=0)
+        await until(lambda: producer.metadata.current.brokers, "metadata")
+        fake.move_leader(TP0, 2)
+        assert (await asyncio.wait_for(asyncio.shield(fut), 30)).offset == -1
+        assert fake.partitions[TP0].log_end_offset == 1  # reported delivered once it really was sent
+
+
+async def test_flush_waits_only_for_records_sent_before_it(fake: FakeCluster) -> None:
+    fake.move_leader(TP1, -1)  # a record for partition 1 waits for a leader until delivery.timeout.ms
+    async with Producer(fake.bootstrap, fast(delivery_timeout_ms=3_000)) as producer:
+        early = await producer.send(TOPIC, b"early", partition=0)
+        flushing = asyncio.create_task(producer.flush())
+        await asyncio.sleep(0)  # the flush has started
+        late = await producer.send(TOPIC, b"late", partition=1)
+        await asyncio.wait_for(flushing, 30)
+        assert early.done() and early.exception() is None
+        assert not late.done()  # sent after flush() was called: not waited for
+        fake.move_leader(TP1, 1)
+        assert (await late).offset == 0
+
+
+async def test_a_flush_that_ends_does_not_end_another_still_waiting(fake: FakeCluster) -> None:
+    """Two flushes overlap; the batch only the second one waits for must stay ready (linger never expires on
+    this clock) after the first returns, or the second never does."""
+    async with Producer(fake.bootstrap, fast(linger_ms=60_000), clock=ManualClock()) as producer:
+        fake.hold_produce.clear()
+        first = await producer.send(TOPIC, b"1", partition=0)
+        flush_one = asyncio.create_task(producer.flush())
+        await until(lambda: fake.produce_requests == 1, "the first record's request")
+        second = await producer.send(TOPIC, b"2", partition=0)  # a new batch; its partition has a request in flight
+        flush_two = asyncio.create_task(producer.flush())
+        await asyncio.sleep(0)
+        fake.hold_produce.set()
+        await asyncio.wait_for(flush_one, 30)
+        await asyncio.wait_for(flush_two, 30)
+        assert [(await f).offset for f in (first, second)] == [0, 1]
+
+
+async def test_close_refuses_new_records_at_once(fake: FakeCluster) -> None:
+    producer = Producer(fake.bootstrap, fast())
+    await producer.start()
+    fake.hold_produce.clear()
+    held = await producer.send(TOPIC, b"held", partition=0)
+    await until(lambda: fake.produce_requests == 1, "the held request")
+    closing = asyncio.create_task(producer.close())
+    await asyncio.sleep(0)  # close() is flushing
+    with pytest.raises(ProducerClosedError):
+        await producer.send(TOPIC, b"late", partition=1)
+    fake.hold_produce.set()
+    await asyncio.wait_for(closing, 30)
+    assert (await held).offset == 0
+    assert fake.partitions[TP1].log_end_offset == 0
+
+
+def test_delivery_timeout_must_cover_linger_and_one_request() -> None:
+    with pytest.raises(ConfigError, match=r"delivery\.timeout\.ms should be equal to or larger than linger\.ms "
+                                          r"\+ request\.timeout\.ms \(10 \+ 3000\), got 1000"):
+        ProducerConfig(linger_ms=10, request_timeout_ms=3_000, delivery_timeout_ms=1_000)
+    explicit = ProducerConfig(linger_ms=10, request_timeout_ms=3_000, delivery_timeout_ms=3_010)
+    assert explicit.delivery_timeout_ms == 3_010
+    # not set: raised to the sum, as Kafka does
+    assert ProducerConfig(linger_ms=5, request_timeout_ms=300_000).delivery_timeout_ms == 300_005
+
+
+async def test_a_record_in_flight_fails_at_its_delivery_timeout(fake: FakeCluster) -> None:
+    """The leader never answers: the record fails at delivery.timeout.ms, as maybe written, not when the
+    request itself times out (request.timeout.ms and the HTTP client's slack, here seconds later)."""
+    config = ProducerConfig(linger_ms=0, request_timeout_ms=900, delivery_timeout_ms=1_000, retry_backoff_ms=20)
+    async with Producer(fake.bootstrap, config) as producer:
+        fake.hold_produce.clear()
+        fut = await producer.send(TOPIC, b"x", partition=0)
+        with pytest.raises(DeliveryTimeoutError, match=r"delivery\.timeout\.ms=1000 \(its request is still "
+                                                       r"unanswered\)") as info:
+            await fut
+        assert not is_definite_failure(info.value)
+        fake.hold_produce.set()  # the late answer is ignored; the producer goes on
+        assert (await producer.send_and_wait(TOPIC, b"y", partition=0)).offset == 1
+    assert fake.partitions[TP0].log_end_offset == 2
+
+
+async def test_close_waits_for_a_request_whose_record_already_timed_out(fake: FakeCluster) -> None:
+    """Kafka's close waits for every request in flight, not only for the records not yet reported."""
+    config = ProducerConfig(linger_ms=0, request_timeout_ms=900, delivery_timeout_ms=1_000, retry_backoff_ms=20)
+    producer = Producer(fake.bootstrap, config)
+    await producer.start()
+    fake.hold_produce.clear()
+    fut = await producer.send(TOPIC, b"x", partition=0)
+    with pytest.raises(DeliveryTimeoutError):
+        await fut
+    closing = asyncio.create_task(producer.close())
+    done, _ = await asyncio.wait([closing], timeout=0.2)
+    assert not done  # its request is still unanswered
+    fake.hold_produce.set()
+    await asyncio.wait_for(closing, 30)
+
+
+@pytest.mark.parametrize("idempotence", [True, False])
+@pytest.mark.parametrize("records_per_batch", [40, 8])  # one batch; or requests of several batches, each too large
+async def test_a_batch_larger_than_the_topic_allows_is_split_and_sent_in_order(
+        fake: FakeCluster, idempotence: bool, records_per_batch: int) -> None:
+    """max.message.bytes below the producer's batch: each full batch used to fail every record in it
+    (Kafka's Sender splits it and sends it again). Order, offsets and the sequences stay as if the batches
+    had been small from the start: one producer id, contiguous sequences."""
+    fake.partitions[TP0].max_message_bytes = 600  # five of these records per batch, not six
+    config = fast(batch_size=records_per_batch * record_size(None, b"v" * 100), linger_ms=60_000,
+                  enable_idempotence=idempotence)
+    async with Producer(fake.bootstrap, config, clock=ManualClock()) as producer:  # one batch until the flush
+        futures = [await producer.send(TOPIC, b"%03d" % i + b"v" * 97, partition=0) for i in range(40)]
+        await producer.flush()
+        assert [(await f).offset for f in futures] == list(range(40))
+    headers = fake.headers(TP0)
+    assert len(headers) > 1 and all(h.size <= 600 for h in headers)
+    assert [(r.value or b"")[:3] for _, _, data in fake.partitions[TP0].batches
+            for r in decode_records(data)] == [b"%03d" % i for i in range(40)]
+    if idempotence:
+        assert len({h.producer_id for h in headers}) == 1 and fake.init_requests == 1
+        starts = [sum(h.record_count for h in headers[:i]) for i in range(len(headers))]
+        assert [h.base_sequence for h in headers] == starts
+
+
+async def test_a_record_too_large_alone_fails_and_the_rest_of_its_batch_is_delivered(fake: FakeCluster) -> None:
+    fake.partitions[TP0].max_message_bytes = 600
+    async with Producer(fake.bootstrap, fast(batch_size=100_000, linger_ms=60_000), clock=ManualClock()) as producer:
+        values = [b"a%02d" % i for i in range(10)] + [b"x" * 700] + [b"b%02d" % i for i in range(10)]
+        futures = [await producer.send(TOPIC, v, partition=0) for v in values]
+        await producer.flush()
+        with pytest.raises(MinibrokerError) as info:
+            await futures[10]
+        assert info.value.code is ErrorCode.MESSAGE_TOO_LARGE and is_definite_failure(info.value)
+        assert [(await f).offset for f in futures[:10] + futures[11:]] == list(range(20))
+    assert [r.value for _, _, data in fake.partitions[TP0].batches
+            for r in decode_records(data)] == values[:10] + values[11:]
