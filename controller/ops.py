@@ -240,8 +240,9 @@ def create_topics(image: MetadataImage, topics: Sequence[NewTopic], live: Sequen
         seen.add(t.name)
         plan.records.append(TopicRecord(t.name, configs))
         assignment = rules.assign_replicas(n, rf, brokers, start_index=start_index, replica_shift=replica_shift)
+        first_epoch = image.leader_epoch_floors.get(t.name, 0)  # above a deleted namesake's epochs
         for p, replicas in enumerate(assignment):
-            st = PartitionState(replicas, replicas, replicas[0], 0, 0)
+            st = PartitionState(replicas, replicas, replicas[0], first_epoch, 0)
             plan.change(TopicPartition(t.name, p), None, st, ElectionReason.NEW_PARTITION)
         results.append(TopicResult(t.name, ErrorCode.NONE))
     return plan, results

@@ -192,6 +192,10 @@ class MetadataImage:
     partitions: dict[TopicPartition, PartitionState] = field(default_factory=dict)
     deleting: dict[str, dict[int, tuple[int, ...]]] = field(default_factory=dict)  # topic -> broker -> partitions
     last_producer_ids: ProducerIdsRecord | None = None  # the last block's record (kept in snapshots)
+    # deleted topic name -> the leader epoch its partitions start at if the name is created again: above every
+    # epoch the deleted topic had, so a client or broker that knew the old topic takes the new one's leaders
+    # as newer, not stale (Kafka tells the two apart by topic id, KIP-516; this keeps the wire as it is)
+    leader_epoch_floors: dict[str, int] = field(default_factory=dict)
 
     @property
     def next_producer_id(self) -> int:
@@ -211,11 +215,14 @@ class MetadataImage:
                 self.brokers[rec.node_id] = replace(reg, fenced=rec.fenced)
         elif isinstance(rec, TopicRecord):
             self.topics[rec.name] = dict(rec.configs)
+            self.leader_epoch_floors.pop(rec.name, None)  # its partitions' records carry their epochs now
         elif isinstance(rec, PartitionRecord):
             self.partitions[rec.tp] = rec.state()
         elif isinstance(rec, RemoveTopicRecord):
             self.topics.pop(rec.name, None)
             for tp in [tp for tp in self.partitions if tp.topic == rec.name]:
+                floor = self.partitions[tp].leader_epoch + 1
+                self.leader_epoch_floors[rec.name] = max(self.leader_epoch_floors.get(rec.name, 0), floor)
                 del self.partitions[tp]
             pending = {int(b): tuple(ps) for b, ps in rec.pending.items() if ps}
             if pending:
@@ -261,7 +268,8 @@ class MetadataImage:
             records.append(RemoveTopicRecord(name, {b: list(ps) for b, ps in pending.items()}))
         if self.last_producer_ids is not None:
             records.append(self.last_producer_ids)
-        return {"last_broker_epoch": self.last_broker_epoch, "records": [record_to_dict(r) for r in records]}
+        return {"last_broker_epoch": self.last_broker_epoch, "records": [record_to_dict(r) for r in records],
+                "leader_epoch_floors": dict(self.leader_epoch_floors)}
 
     @classmethod
     def from_snapshot(cls, doc: Mapping[str, Any]) -> MetadataImage:
@@ -269,4 +277,6 @@ class MetadataImage:
         for d in doc.get("records") or []:
             image.apply(record_from_dict(d))
         image.last_broker_epoch = max(image.last_broker_epoch, int(doc.get("last_broker_epoch", 0)))
+        floors = doc.get("leader_epoch_floors") or {}
+        image.leader_epoch_floors = {str(name): int(epoch) for name, epoch in floors.items()}
         return image

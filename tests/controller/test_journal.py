@@ -187,6 +187,16 @@ def test_a_frame_above_64_mib_replays_in_the_journal_and_as_the_snapshot(tmp_pat
     assert replay(tmp_path) == image_of(ops)
 
 
+def test_a_deleted_topic_leaves_the_leader_epoch_its_namesake_starts_at_through_snapshots() -> None:
+    image = image_of(OPS[:5])  # t-0 at epoch 0, t-1 at epoch 1
+    image.apply(RemoveTopicRecord("t", {}))
+    assert image.leader_epoch_floors == {"t": 2}
+    again = MetadataImage.from_snapshot(image.to_snapshot())
+    assert again == image and again.leader_epoch_floors == {"t": 2}
+    again.apply(TopicRecord("t", {}))  # created again: its partition records carry their epochs from here
+    assert again.leader_epoch_floors == {}
+
+
 def test_snapshot_then_journal(tmp_path: Path) -> None:
     journal, image = written(tmp_path, OPS[:4])
     journal.snapshot(image)

@@ -399,6 +399,8 @@ async def test_delete_topic_sends_stop_replica(h: Harness) -> None:
     await eventually(lambda: not h.c.image.deleting, what="the deletion confirmed")
     assert all(p["leader_epoch"] == -2 for p in stop["partitions"])  # Kafka's EpochDuringDelete
     assert await h.create("t", 1, 1) == 0  # the name can be used again
+    # in a leader epoch above the deleted topic's, so that clients that knew it take the new leader as newer
+    assert (await h.partition("t", 0))["leader_epoch"] == 1
 
 
 async def test_a_failing_stop_replica_holds_up_nothing_else(h: Harness) -> None:
@@ -430,6 +432,8 @@ async def test_delete_waits_for_every_replica_even_across_restarts(h: Harness) -
     await h.heartbeat(1)
     h.clock.advance(SESSION_MS // 2 + 1)
     assert await h.c.check_liveness() == [2]
+    old_epochs = [(await h.partition("t", p))["leader_epoch"] for p in (0, 1)]
+    assert max(old_epochs) == 1  # the partition broker 2 led moved to broker 1
     resp = await h.call("delete_topics", {"topics": ["t"]})
     assert resp["topics"][0]["error"] == 0
     await eventually(lambda: h.c.image.deleting == {"t": {2: (0, 1)}}, what="broker 1 confirmed, 2 pending")
@@ -442,6 +446,7 @@ async def test_delete_waits_for_every_replica_even_across_restarts(h: Harness) -
     await eventually(lambda: not h.c.image.deleting, what="broker 2 confirmed the deletion")
     assert any(a == "stop_replica" for a, _ in h.brokers[2].received)
     assert await h.create("t", 1, 1) == 0
+    assert (await h.partition("t", 0))["leader_epoch"] == 2, "above the deleted topic's epochs, across a restart"
 
 
 @pytest.mark.parametrize("api", ["broker_registration", "broker_heartbeat", "alter_partition", "create_topics",
