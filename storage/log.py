@@ -805,6 +805,8 @@ class Log:
                 self._pending_deletions += self.segments.pop().delete(defer=self.defer_file_deletion)
                 self._bases.pop()
             self.segments[-1].truncate_to(offset)
+            if self.segments[-1].size == 0:  # as if new: segment.ms counts from now (Kafka's LogSegment.truncateTo)
+                self.segments[-1].created_ms = self.clock.now_ms()
         except OSError as exc:
             self._fail(exc)
         if self.segments[-1].next_offset < self.log_start_offset:
@@ -864,23 +866,32 @@ class Log:
         return True
 
     def delete_old_segments(self, high_watermark: int | None = None) -> int:
-        """Kafka's retention: delete whole non-active segments, oldest first, that are past
-        ``retention.ms`` (by their largest timestamp), beyond ``retention.bytes``, or wholly below
-        the log start offset; never data at or above ``high_watermark`` when given. Returns the count."""
+        """Kafka's retention: delete whole segments, oldest first, that are past ``retention.ms`` (by their
+        largest timestamp), beyond ``retention.bytes``, or wholly below the log start offset; never data at or
+        above ``high_watermark`` when given. Returns the count.
+
+        The active segment too, when it is not empty and the HW has reached the LEO (Kafka's
+        ``LocalLog.deletableSegments``): a new empty one is rolled first (``UnifiedLog.deleteSegments``), so a
+        partition nobody writes to any more does not keep its last segment past retention for ever."""
         self._check_usable()
         now, cfg = self.clock.now_ms(), self.config
         total = self.size_bytes
         doomed = 0
-        for i, seg in enumerate(self.segments[:-1]):
-            upper = self.segments[i + 1].base_offset
+        for i, seg in enumerate(self.segments):
+            last = i == len(self.segments) - 1
+            if last and seg.size == 0:
+                break
+            upper = self.log_end_offset if last else self.segments[i + 1].base_offset
             if high_watermark is not None and upper > high_watermark:
                 break
             if not ((cfg.retention_ms >= 0 and now - seg.largest_timestamp_ms() > cfg.retention_ms)
                     or (cfg.retention_bytes >= 0 and total - seg.size >= cfg.retention_bytes)
-                    or upper <= self.log_start_offset):
+                    or (not last and upper <= self.log_start_offset)):
                 break
             total -= seg.size
             doomed += 1
+        if doomed == len(self.segments):
+            self.roll()  # at least one segment always: the new, empty one at the LEO
         if doomed:
             self._delete_first(doomed)
         return doomed

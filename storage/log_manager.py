@@ -79,6 +79,7 @@ class LogManager:
         self._failure_lock = threading.Lock()  # failures come from the event loop and from worker threads
         self._logs: dict[TopicPartition, Log] = {}
         self._creating: dict[TopicPartition, asyncio.Future[Log]] = {}
+        self._awaiting_config: set[TopicPartition] = set()  # loaded from disk, topic config not known yet
         self._task: asyncio.Task[None] | None = None
         self._checkpoint_lock = threading.Lock()
         now = clock.monotonic_ms()
@@ -125,6 +126,7 @@ class LogManager:
                                              recovery_point=recovery.get(tp, 0), log_start_offset=starts.get(tp))
             self._adopt(opened)
             self._logs[tp] = opened
+            self._awaiting_config.add(tp)
 
     def _adopt(self, lg: Log) -> None:
         lg.defer_roll_flush = lg.defer_file_deletion = True
@@ -156,6 +158,7 @@ class LogManager:
         existing = self._logs.get(tp)
         if existing is not None:
             existing.update_config(config)
+            self._awaiting_config.discard(tp)
             return existing
         pending = self._creating.get(tp)
         if pending is not None:
@@ -197,6 +200,7 @@ class LogManager:
             self.dir_failed(f"cannot delete the log of {tp}: {type(exc).__name__}: {exc}")
             raise
         del self._logs[tp]
+        self._awaiting_config.discard(tp)
         self.checkpoint_recovery_points_and_log_starts()
 
     # ---- checkpoints ---------------------------------------------------------------------------------------
@@ -273,6 +277,11 @@ class LogManager:
         hws = self.high_watermarks() if self.high_watermarks is not None else {}
         deleted = 0
         for tp, lg in list(self._logs.items()):
+            if tp in self._awaiting_config:
+                # Loaded from disk with the broker's defaults: its topic's own retention.ms / retention.bytes
+                # (a longer one, or -1) come with its LeaderAndIsr. Kafka loads logs with their topic configs
+                # from the metadata it has caught up on first; until then, nothing is deleted here.
+                continue
             with contextlib.suppress(StorageError):
                 # A partition the HW source does not know keeps everything at or above its log start.
                 bound = hws.get(tp, lg.log_start_offset) if self.high_watermarks is not None else None

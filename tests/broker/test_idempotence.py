@@ -175,7 +175,8 @@ async def test_a_retry_of_a_batch_that_retention_deleted_is_still_a_duplicate(
     (its answer was lost) is answered with its original offset and appended nowhere."""
     b = await start_broker()
     await controller.elect(TP, leader=1, replicas=[1],
-                           topic_configs={"t": {"segment.bytes": 1024, "retention.bytes": 1024}})
+                           topic_configs={"t": {"segment.bytes": 1024, "retention.bytes": 1024,
+                                                "retention.ms": -1}})  # by size only: old timestamps
     first = part(await rpc.call(b.address, "produce", produce_body(ibatch(0), acks=-1)))
     assert (first["error"], first["base_offset"]) == (0, 0)
     for _ in range(30):

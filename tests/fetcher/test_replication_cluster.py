@@ -267,7 +267,9 @@ async def test_follower_far_behind_the_leaders_log_start_restarts_there(tmp_path
     from tests.procs import pause, resume
 
     settings = {**BROKER_SETTINGS, "replica.lag.time.max.ms": 1_000, "log.retention.check.interval.ms": 100}
-    configs = {TOPIC: {"min.insync.replicas": 2, "segment.bytes": 250_000, "retention.bytes": 500_000}}
+    # size-based retention only: the batches' timestamps are old, and the active segment expires by time too
+    configs = {TOPIC: {"min.insync.replicas": 2, "segment.bytes": 250_000, "retention.bytes": 500_000,
+                       "retention.ms": -1}}
     async with start_cluster(tmp_path, settings) as c:
         tp = TPS[0]
         await c.controller.elect(tp, leader=1, replicas=[1, 2, 3], topic_configs=configs)

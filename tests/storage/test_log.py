@@ -241,6 +241,38 @@ def test_retention_by_bytes_time_and_log_start(pdir: Path) -> None:
     log.close()
 
 
+def test_an_idle_partition_s_active_segment_expires_too_once_replicated(pdir: Path) -> None:
+    """Kafka's LocalLog.deletableSegments includes the active segment (rolled first, UnifiedLog.deleteSegments):
+    a partition nobody writes to any more kept its last segment, up to segment.bytes, past retention for ever."""
+    clock = ManualClock(TS)
+    log = open_log(pdir, clock, retention_ms=60_000)
+    for i in range(5):
+        log.append_as_leader(batch(1, ts=TS + i), 0)
+    clock.advance(7 * 24 * 3_600_000)
+    assert log.delete_old_segments(high_watermark=4) == 0, "not while a record is above the HW"
+    assert log.delete_old_segments(high_watermark=5) == 1
+    assert [s.base_offset for s in log.segments] == [5] and (log.log_start_offset, log.log_end_offset) == (5, 5)
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(0, 100)
+    assert log.latest_epoch() == 0, "the epoch cache keeps the latest epoch, from the new log start"
+    assert log.delete_old_segments(high_watermark=5) == 0, "an empty active segment stays"
+    log.append_as_leader(batch(1, ts=clock.now_ms()), 0)
+    assert log.log_end_offset == 6
+    log.close()
+
+
+def test_a_segment_truncated_to_empty_counts_its_age_from_the_truncation(pdir: Path) -> None:
+    clock = ManualClock(TS)
+    log = open_log(pdir, clock, segment_ms=60_000)
+    log.append_as_leader(batch(1, ts=-1), 0)
+    clock.advance(120_000)
+    assert log.truncate_to(0)
+    for _ in range(2):
+        log.append_as_leader(batch(1, ts=-1), 0)
+    assert [s.base_offset for s in log.segments] == [0], "no roll: the emptied segment is as good as new"
+    log.close()
+
+
 def test_segments_without_timestamps_age_by_their_file_time(pdir: Path) -> None:
     # batches whose timestamps are all -1 (a client may send them): Kafka's LogSegment.largestTimestamp
     # falls back to the file's modification time; they used to be deleted at the first retention check

@@ -94,6 +94,41 @@ async def test_tick_runs_retention_bounded_by_hw_and_checkpoints(tmp_path: Path)
     await mgr.close()
 
 
+async def test_after_a_restart_retention_waits_for_the_topic_s_own_config(tmp_path: Path) -> None:
+    """Logs are loaded with the broker's defaults (log.retention.ms: 7 days); a topic's own retention (30 days
+    here, or -1) comes with its LeaderAndIsr. Until then retention leaves the log alone: it deleted 10-day-old
+    data of a 30-day topic at its first pass after a restart."""
+    clock = ManualClock(TS)
+    hws: dict[TopicPartition, int] = {}
+    cfg = broker_config({"log.retention.check.interval.ms": 1000})
+    thirty_days = LogConfig(segment_bytes=600, retention_ms=30 * 24 * 3_600_000)
+    mgr = LogManager(tmp_path, cfg, clock, high_watermarks=lambda: dict(hws))
+    await mgr.load()
+    lg = await mgr.get_or_create_log(A, thirty_days)
+    for i in range(6):
+        lg.append_as_leader(batch(1, size=250, ts=TS + i), 0)
+    hws[A] = lg.log_end_offset
+    await mgr.close()
+    clock.advance(10 * 24 * 3_600_000)
+    mgr = LogManager(tmp_path, cfg, clock, high_watermarks=lambda: dict(hws))
+    await mgr.load()
+    reloaded = mgr.get_log(A)
+    assert reloaded is not None
+    segments = len(reloaded.segments)
+    clock.advance(1000)
+    await mgr.tick()
+    assert (len(reloaded.segments), reloaded.log_start_offset) == (segments, 0), "the 7-day default applied"
+    await mgr.get_or_create_log(A, thirty_days)  # the LeaderAndIsr: the topic's config
+    clock.advance(1000)
+    await mgr.tick()
+    assert reloaded.log_start_offset == 0, "10 days old, kept 30"
+    await mgr.get_or_create_log(A, LogConfig(segment_bytes=600, retention_ms=24 * 3_600_000))
+    clock.advance(1000)
+    await mgr.tick()
+    assert reloaded.log_start_offset == 6, "a topic's own retention still applies"
+    await mgr.close()
+
+
 async def test_invalid_topic_partition_refused(tmp_path: Path) -> None:
     import pytest
 
