@@ -16,12 +16,16 @@ class MetadataCache:
     brokers: dict[int, BrokerInfo] = field(default_factory=dict)
     partitions: dict[TopicPartition, PartitionStateMsg] = field(default_factory=dict)
     topic_configs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # True once an UpdateMetadata listed the live brokers: ``brokers`` is then the cluster's live set (before,
+    # only the leaders LeaderAndIsr requests named)
+    live_brokers_known: bool = False
 
     def update(self, controller_id: int, brokers: list[BrokerInfo] | None, states: list[PartitionStateMsg],
                topic_configs: dict[str, dict[str, Any]], deleted_topics: list[str]) -> None:
         self.controller_id = controller_id
         if brokers is not None:  # UpdateMetadata carries every live broker; LeaderAndIsr passes None
             self.brokers = {b.node_id: b for b in brokers}
+            self.live_brokers_known = True
         for s in states:
             self.partitions[s.tp] = s
         self.topic_configs.update(topic_configs)

@@ -22,6 +22,7 @@ Rules (DESIGN.md "Replication"; Kafka ``Partition.scala``):
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -168,14 +169,17 @@ def follower_high_watermark(state: PartitionState, *, log_end_offset: int, leade
     return max(state.high_watermark, min(log_end_offset, leader_high_watermark))
 
 
-def expansion_candidates(state: PartitionState) -> tuple[int, ...]:
-    """Followers that may join the ISR now (Kafka ``isFollowerInSync`` + epoch start check)."""
+def expansion_candidates(state: PartitionState, alive: Collection[int] | None = None) -> tuple[int, ...]:
+    """Followers that may join the ISR now (Kafka ``isFollowerInSync`` + epoch start check), of the brokers
+    ``alive`` when given (the metadata's live brokers: Kafka's ``isReplicaIsrEligible``, KIP-841; the state
+    kept for a broker that crashed can look caught up on a partition nobody writes to)."""
     if state.role is not Role.LEADER:
         return ()
     members = state.maximal_isr
     return tuple(
         r.broker_id for r in state.followers
         if r.broker_id not in members
+        and (alive is None or r.broker_id in alive)
         and (r.broker_id, r.broker_epoch) not in state.ineligible
         and r.log_end_offset >= state.high_watermark
         and r.log_end_offset >= state.leader_epoch_start_offset
@@ -196,14 +200,16 @@ def shrink_candidates(state: PartitionState, *, now_ms: int, leader_end_offset: 
     return tuple(out)
 
 
-def next_isr_change(state: PartitionState, *, now_ms: int, leader_end_offset: int,
-                    replica_lag_time_max_ms: int) -> PendingIsrChange | None:
-    """The AlterPartition to send now, if any (none while one is in flight). Expansion first."""
+def next_isr_change(state: PartitionState, *, now_ms: int, leader_end_offset: int, replica_lag_time_max_ms: int,
+                    alive: Collection[int] | None = None) -> PendingIsrChange | None:
+    """The AlterPartition to send now, if any (none while one is in flight). Expansion first, one follower at a
+    time (Kafka's ``maybeExpandIsr``): a refusal then concerns that follower alone, never one caught up beside
+    an ineligible one."""
     if state.role is not Role.LEADER or state.pending is not None:
         return None
-    grow = expansion_candidates(state)
+    grow = expansion_candidates(state, alive)
     if grow:
-        return PendingIsrChange(new_isr=(*state.isr, *grow), is_expand=True)
+        return PendingIsrChange(new_isr=(*state.isr, grow[0]), is_expand=True)
     shrink = shrink_candidates(state, now_ms=now_ms, leader_end_offset=leader_end_offset,
                                replica_lag_time_max_ms=replica_lag_time_max_ms)
     if shrink:

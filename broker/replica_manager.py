@@ -424,14 +424,15 @@ class ReplicaManager:
         if error is not ErrorCode.NONE:
             return {"error": int(error)}
         self.controller_epoch = req.header.controller_epoch
-        live_before = set(self.metadata.brokers)
         self.metadata.update(req.header.controller_id, req.brokers, req.partition_states, req.topic_configs,
                              req.deleted_topics)
-        if set(self.metadata.brokers) != live_before:
-            # A broker was fenced or unfenced: replicas refused as ineligible may be eligible again.
-            for p in self.partitions.values():
-                if p.state.ineligible:
-                    p.state = p.state._replace(ineligible=frozenset())
+        # The cluster changed (a broker fenced and unfenced again, in one UpdateMetadata or learnt first from a
+        # LeaderAndIsr's live leaders, leaves the live set as it was): a replica refused as ineligible may be
+        # eligible now. Kafka remembers no refusal; this keeps one until the next UpdateMetadata, so a
+        # follower the controller keeps refusing is not asked for on every fetch.
+        for p in self.partitions.values():
+            if p.state.ineligible:
+                p.state = p.state._replace(ineligible=frozenset())
         for topic, cfg in req.topic_configs.items():
             for tp, p in self.partitions.items():
                 if tp.topic == topic:
@@ -465,7 +466,8 @@ class ReplicaManager:
         if self._isr_backoff_until.get(p.tp, 0) > now:
             return
         change = ps.next_isr_change(p.state, now_ms=now, leader_end_offset=p.log_end_offset,
-                                    replica_lag_time_max_ms=self.config.get_int("replica.lag.time.max.ms"))
+                                    replica_lag_time_max_ms=self.config.get_int("replica.lag.time.max.ms"),
+                                    alive=self.metadata.brokers if self.metadata.live_brokers_known else None)
         if change is None:
             return
         p.state = p.state._replace(pending=change)

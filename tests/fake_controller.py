@@ -72,6 +72,7 @@ class FakeController:
     producer_id_block_len: int = 1000
     refuse_producer_ids: bool = False
     producer_id_requests: list[dict[str, Any]] = field(default_factory=list)
+    also_live: list[int] = field(default_factory=list)  # listed as live in UpdateMetadata (see broker_list)
     _next_epoch: int = 10
     _runner: web.AppRunner | None = None
     _rpc: RpcClient = field(default_factory=lambda: RpcClient(timeout_s=10.0))
@@ -198,7 +199,11 @@ class FakeController:
 
     # ---- controller -> broker ---------------------------------------------------------------------
     def broker_list(self) -> list[dict[str, Any]]:
-        return [{"node_id": b.node_id, "host": b.host, "port": b.port} for b in self.brokers.values()]
+        """The live brokers UpdateMetadata names: the registered ones and ``also_live`` (followers a test plays
+        itself over HTTP, never sent anything: their address is a placeholder)."""
+        listed = [{"node_id": b.node_id, "host": b.host, "port": b.port} for b in self.brokers.values()]
+        return listed + [{"node_id": b, "host": "127.0.0.1", "port": 9} for b in self.also_live
+                         if b not in self.brokers]
 
     async def send_leader_and_isr(self, address: str, states: list[dict[str, Any]], *,
                                   controller_epoch: int | None = None, broker_epoch: int = -1,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from broker.requests import parse_fetch
 from common.errors import ErrorCode
 from common.http import RpcClient
@@ -14,6 +16,13 @@ from tests.fake_controller import FakeController
 
 FOLLOWER = 2
 FOLLOWER_EPOCH = 500
+
+
+@pytest.fixture(autouse=True)
+def followers_are_live(controller: FakeController) -> None:
+    """The followers these tests play are live brokers to the cluster: a leader adds only live brokers to the
+    ISR (the metadata's live set, Kafka's isReplicaIsrEligible)."""
+    controller.also_live = [FOLLOWER, 3]
 
 
 async def follower_fetch(rpc: RpcClient, address: str, offset: int, **kw: object) -> dict[str, object]:
