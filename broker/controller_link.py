@@ -70,18 +70,22 @@ class ControllerLink:
         shape) is logged and the loop goes on after a backoff: without this task the broker would never
         register again, nor tell the controller it is alive."""
         interval_s = self._config.get_int("broker.heartbeat.interval.ms") / 1000
-        failures = 0
+        failures = unanswered = 0
         while not self._closed:
             try:
                 if self._rm.broker_epoch < 0:
                     await self._register()
                     delay_s = interval_s if self._rm.broker_epoch >= 0 else RETRY_BACKOFF_S * 5
+                    unanswered = 0
                 elif await self._heartbeat(self._want_shutdown) is None:
-                    # unanswered: ask again soon (Kafka's BrokerLifecycleManager backs off ~100 ms), not a whole
-                    # interval later, or one lost answer plus the interval outlasts the session
-                    delay_s = min(interval_s, RETRY_BACKOFF_S)
+                    # unanswered: ask again soon, not a whole interval later, or one lost answer plus the
+                    # interval outlasts the session; then less often while the controller stays away (Kafka's
+                    # BrokerLifecycleManager: a doubling backoff, at most the interval here)
+                    unanswered += 1
+                    delay_s = min(interval_s, _backoff_s(unanswered))
                 else:
                     delay_s = interval_s
+                    unanswered = 0
                 failures = 0
             except Exception as exc:
                 failures += 1

@@ -637,8 +637,9 @@ class ReplicaManager:
         fut: asyncio.Future[dict[TopicPartition, ErrorCode]] = asyncio.get_running_loop().create_future()
         deadline = self.clock.monotonic_ms() + timeout_ms
         op = DelayedProduce(deadline, waits, self._leader_view, lambda r: _resolve(fut, r))
-        if self._closing:
-            op.force_complete(dict.fromkeys(waits, ErrorCode.NOT_LEADER_OR_FOLLOWER))
+        if self._closing:  # as stop_waiting answers: what is committed already stays NONE
+            op.check()
+            op.force_complete(op.result_with(ErrorCode.NOT_LEADER_OR_FOLLOWER))
         elif not self.produce_purgatory.try_complete_else_watch(op, waits):
             await self._await_op(op, fut, timeout_ms, self.produce_purgatory)
         assert op.result is not None

@@ -33,7 +33,7 @@ from client.fetch_state import ConsumerRecord, OffsetReset, Positions
 from client.metadata import MetadataCache, check_int, check_topic, parse_bootstrap
 from common.clock import Clock, SystemClock
 from common.errors import ErrorCode, MinibrokerError, error_for
-from common.http import RpcBadRequest, RpcClient, RpcError
+from common.http import RpcBadRequest, RpcClient, RpcError, fetch_response_limit
 from common.logging import get_logger
 from common.wire import TopicPartition
 from storage.record_batch import InvalidBatchError, decode_records, iter_batches
@@ -420,7 +420,8 @@ class Consumer:
                 "topics": [{"topic": t, "partitions": ps} for t, ps in topics.items()]}
         try:
             resp = await self._rpc.call(address, "fetch", body,
-                                        timeout_s=(max_wait_ms + self.config.request_timeout_ms) / 1000)
+                                        timeout_s=(max_wait_ms + self.config.request_timeout_ms) / 1000,
+                                        max_response_bytes=fetch_response_limit(self.config.fetch_max_bytes))
         except RpcBadRequest as exc:
             return _FetchResult(address, offsets, None, str(exc), error_for(ErrorCode.INVALID_REQUEST, str(exc)))
         except RpcError as exc:

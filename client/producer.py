@@ -249,10 +249,21 @@ class DeliveryFuture:
         """Call ``fn(record_count, error)`` once when this record's whole batch is done (cheap per-batch
         accounting for benchmarks: register it on the future whose ``index`` is 0)."""
         batch = self._batch
-        batch.completion.add_done_callback(lambda f: fn(len(batch), f.exception()))
+
+        def done(_f: asyncio.Future[int]) -> None:
+            for part in _pieces_of(batch):  # a batch split on MESSAGE_TOO_LARGE: each piece its own outcome
+                fn(len(part), part.completion.exception())
+        batch.completion.add_done_callback(done)
 
     def __await__(self) -> Generator[Any, None, RecordMetadata]:
-        yield from asyncio.shield(self._carrier()[0].completion).__await__()
+        try:
+            yield from asyncio.shield(self._carrier()[0].completion).__await__()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # The batch awaited may have been split since: it completes after its pieces, with the first failed
+            # piece's error. ``result`` gives this record's own outcome (raising its own error, if any).
+            pass
         return self.result()
 
 
@@ -918,6 +929,13 @@ def _check_timestamp(timestamp_ms: object) -> None:
                         f"{type(timestamp_ms).__name__} {timestamp_ms!r}")
     if not 0 <= timestamp_ms <= MAX_TIMESTAMP_MS:
         raise ValueError(f"Invalid timestamp: {timestamp_ms}. Timestamp must be in [0, {MAX_TIMESTAMP_MS}] or None")
+
+
+def _pieces_of(batch: ProducerBatch) -> list[ProducerBatch]:
+    """The batches that finally carried ``batch``'s records: itself, or its pieces' pieces once split."""
+    if batch.pieces is None:
+        return [batch]
+    return [leaf for piece in batch.pieces for leaf in _pieces_of(piece)]
 
 
 def _complete_split(batch: ProducerBatch) -> None:

@@ -181,6 +181,8 @@ def record_from_dict(d: Mapping[str, Any]) -> Record:
 
 # --- the image -----------------------------------------------------------------------------------
 
+MAX_LEADER_EPOCH_FLOORS = 10_000  # deleted topic names remembered (a client that knew an older one has moved on)
+
 @dataclass(slots=True)
 class MetadataImage:
     """Everything the controller knows durably. Mutated only by ``apply``."""
@@ -221,9 +223,11 @@ class MetadataImage:
         elif isinstance(rec, RemoveTopicRecord):
             self.topics.pop(rec.name, None)
             for tp in [tp for tp in self.partitions if tp.topic == rec.name]:
-                floor = self.partitions[tp].leader_epoch + 1
-                self.leader_epoch_floors[rec.name] = max(self.leader_epoch_floors.get(rec.name, 0), floor)
+                floor = max(self.leader_epoch_floors.pop(rec.name, 0), self.partitions[tp].leader_epoch + 1)
+                self.leader_epoch_floors[rec.name] = floor  # (re)inserted last: the newest deletion
                 del self.partitions[tp]
+            while len(self.leader_epoch_floors) > MAX_LEADER_EPOCH_FLOORS:  # the oldest deletions go first
+                del self.leader_epoch_floors[next(iter(self.leader_epoch_floors))]
             pending = {int(b): tuple(ps) for b, ps in rec.pending.items() if ps}
             if pending:
                 self.deleting[rec.name] = pending

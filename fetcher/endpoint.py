@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from broker.requests import FetchRequest as FetchRequest  # the broker's request shape, re-exported: the interface
 from common.errors import ErrorCode
-from common.http import DEFAULT_MAX_RESPONSE_BYTES, RpcClient, RpcError
+from common.http import RpcClient, RpcError, fetch_response_limit
 from common.wire import TopicPartition
 from fetcher.api import BrokerEndpoint
 from fetcher.state import EpochEndOffset
@@ -177,9 +177,8 @@ class HttpLeaderEndpoint:
     async def fetch(self, request: FetchRequest) -> FetchResponse:
         # The long poll may legitimately take max_wait_ms; the socket timeout comes on top.
         timeout_s = self._timeout_s + request.max_wait_ms / 1000
-        # an answer may pass max_bytes by one batch (the first is always whole): room for a large setting
-        limit = max(DEFAULT_MAX_RESPONSE_BYTES, 2 * request.max_bytes)
-        return decode_fetch(await self._call("fetch", encode_fetch(request), timeout_s, limit))
+        return decode_fetch(await self._call("fetch", encode_fetch(request), timeout_s,
+                                             fetch_response_limit(request.max_bytes)))
 
     async def offsets_for_leader_epoch(self, replica_id: int,
                                        requests: Mapping[TopicPartition, EpochRequest]

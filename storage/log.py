@@ -865,21 +865,22 @@ class Log:
         self._log.info("log_start_offset_incremented", log_start_offset=offset)
         return True
 
-    def delete_old_segments(self, high_watermark: int | None = None) -> int:
+    def delete_old_segments(self, high_watermark: int | None = None, *, expire_active: bool = True) -> int:
         """Kafka's retention: delete whole segments, oldest first, that are past ``retention.ms`` (by their
         largest timestamp), beyond ``retention.bytes``, or wholly below the log start offset; never data at or
         above ``high_watermark`` when given. Returns the count.
 
         The active segment too, when it is not empty and the HW has reached the LEO (Kafka's
         ``LocalLog.deletableSegments``): a new empty one is rolled first (``UnifiedLog.deleteSegments``), so a
-        partition nobody writes to any more does not keep its last segment past retention for ever."""
+        partition nobody writes to any more does not keep its last segment past retention for ever. Not with
+        ``expire_active`` False (the log manager spreads those rolls, each a few fsyncs, over its passes)."""
         self._check_usable()
         now, cfg = self.clock.now_ms(), self.config
         total = self.size_bytes
         doomed = 0
         for i, seg in enumerate(self.segments):
             last = i == len(self.segments) - 1
-            if last and seg.size == 0:
+            if last and (seg.size == 0 or not expire_active):
                 break
             upper = self.log_end_offset if last else self.segments[i + 1].base_offset
             if high_watermark is not None and upper > high_watermark:

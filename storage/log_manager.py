@@ -67,6 +67,8 @@ class DuplicateLogDirError(StorageError):
 
 
 class LogManager:
+    max_active_expiries_per_pass = 64  # see run_retention
+
     def __init__(self, data_dir: Path, config: Config, clock: Clock, *,
                  high_watermarks: Callable[[], dict[TopicPartition, int]] | None = None,
                  on_dir_failure: Callable[[Path, str], None] | None = None) -> None:
@@ -276,6 +278,10 @@ class LogManager:
     def run_retention(self) -> int:
         hws = self.high_watermarks() if self.high_watermarks is not None else {}
         deleted = 0
+        # Expiring an active segment rolls a new one first (an epoch checkpoint and maybe a producer snapshot,
+        # each fsynced, on this event loop); the idle partitions of a topic all expire in the same pass, so a
+        # pass does at most this many and leaves the rest to the next (Kafka runs retention on a thread).
+        active_left = self.max_active_expiries_per_pass
         for tp, lg in list(self._logs.items()):
             if tp in self._awaiting_config:
                 # Loaded from disk with the broker's defaults: its topic's own retention.ms / retention.bytes
@@ -285,7 +291,10 @@ class LogManager:
             with contextlib.suppress(StorageError):
                 # A partition the HW source does not know keeps everything at or above its log start.
                 bound = hws.get(tp, lg.log_start_offset) if self.high_watermarks is not None else None
-                deleted += lg.delete_old_segments(bound)
+                n = lg.delete_old_segments(bound, expire_active=active_left > 0)
+                if n and lg.log_start_offset == lg.log_end_offset:  # nothing left: the active one expired too
+                    active_left -= 1
+                deleted += n
         return deleted
 
     def remove_expired_producers(self) -> int:

@@ -85,6 +85,9 @@ async def test_a_shutdown_answers_a_waiting_produce_with_what_is_already_committ
         rm.stop_waiting()
         answer = await asyncio.wait_for(produce, 5)
         assert (answer[alone]["error"], answer[waiting_tp]["error"]) == (0, ErrorCode.NOT_LEADER_OR_FOLLOWER)
+        # one arriving after the stop began (a handler still running, a partition nobody could take over)
+        late = await rm.produce(_produce(acks=-1, tps=(alone, waiting_tp)))
+        assert (late[alone]["error"], late[waiting_tp]["error"]) == (0, ErrorCode.NOT_LEADER_OR_FOLLOWER)
     finally:
         await rm.shutdown()
         await lm.close()

@@ -5,6 +5,7 @@ senders that keep going while a flush or close waits."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -185,3 +186,28 @@ async def test_a_record_too_large_alone_fails_and_the_rest_of_its_batch_is_deliv
         assert [(await f).offset for f in futures[:10] + futures[11:]] == list(range(20))
     assert [r.value for _, _, data in fake.partitions[TP0].batches
             for r in decode_records(data)] == values[:10] + values[11:]
+
+
+async def test_a_record_awaited_before_its_batch_was_split_gets_its_own_outcome(fake: FakeCluster) -> None:
+    """``send_and_wait`` awaits at once: the batch awaited is the one later split, which completes with its
+    first failed piece's error. Each record must still get its own outcome (they all got that error, the
+    written ones too), and the batch callback counts each piece apart."""
+    fake.partitions[TP0].max_message_bytes = 600
+    counted: list[tuple[int, bool]] = []
+    async with Producer(fake.bootstrap, fast(batch_size=100_000, linger_ms=60_000), clock=ManualClock()) as producer:
+        values = [b"a%02d" % i for i in range(10)] + [b"x" * 700] + [b"b%02d" % i for i in range(10)]
+        futures = [await producer.send(TOPIC, v, partition=0) for v in values]
+        futures[0].add_batch_callback(lambda n, exc: counted.append((n, exc is None)))
+        waiting = [asyncio.ensure_future(_outcome(f)) for f in futures]
+        await asyncio.sleep(0)  # each is awaiting the batch as it was before the split
+        await producer.flush()
+        outcomes = await asyncio.gather(*waiting)
+    assert outcomes[:10] + outcomes[11:] == list(range(20)) and outcomes[10] == "MESSAGE_TOO_LARGE"
+    assert sum(n for n, _ in counted) == 21 and sum(n for n, ok in counted if not ok) == 1
+
+
+async def _outcome(future: Any) -> int | str:
+    try:
+        return int((await future).offset)
+    except MinibrokerError as exc:
+        return exc.code.name

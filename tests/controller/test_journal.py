@@ -197,6 +197,20 @@ def test_a_deleted_topic_leaves_the_leader_epoch_its_namesake_starts_at_through_
     assert again.leader_epoch_floors == {}
 
 
+def test_deleted_topic_names_are_remembered_up_to_a_bound_the_oldest_forgotten_first() -> None:
+    from controller import state
+
+    image = MetadataImage()
+    for i in range(state.MAX_LEADER_EPOCH_FLOORS + 3):
+        image.apply(TopicRecord(f"t{i}", {}))
+        image.apply(PartitionRecord(f"t{i}", 0, (1,), (1,), 1, 0, 0))
+        image.apply(RemoveTopicRecord(f"t{i}", {}))
+    assert len(image.leader_epoch_floors) == state.MAX_LEADER_EPOCH_FLOORS
+    newest = f"t{state.MAX_LEADER_EPOCH_FLOORS + 2}"
+    assert "t0" not in image.leader_epoch_floors and newest in image.leader_epoch_floors
+    assert MetadataImage.from_snapshot(image.to_snapshot()).leader_epoch_floors == image.leader_epoch_floors
+
+
 def test_snapshot_then_journal(tmp_path: Path) -> None:
     journal, image = written(tmp_path, OPS[:4])
     journal.snapshot(image)

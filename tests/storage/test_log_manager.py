@@ -129,6 +129,25 @@ async def test_after_a_restart_retention_waits_for_the_topic_s_own_config(tmp_pa
     await mgr.close()
 
 
+async def test_a_pass_expires_a_bounded_number_of_idle_active_segments(tmp_path: Path) -> None:
+    """Expiring an active segment rolls first (fsyncs on the event loop): the idle partitions of a topic, all
+    due in one pass, are spread over passes."""
+    clock = ManualClock(TS)
+    mgr = LogManager(tmp_path, broker_config(), clock, high_watermarks=lambda: {tp: 1 for tp in tps})
+    mgr.max_active_expiries_per_pass = 2
+    await mgr.load()
+    tps = [TopicPartition("idle", p) for p in range(5)]
+    for tp in tps:
+        (await mgr.get_or_create_log(tp, LogConfig(retention_ms=1000))).append_as_leader(batch(1), 0)
+    clock.advance(10_000)
+    expired = []
+    for _ in range(3):
+        mgr.run_retention()
+        expired.append(sum(1 for tp in tps if mgr.logs()[tp].log_start_offset == 1))
+    assert expired == [2, 4, 5]
+    await mgr.close()
+
+
 async def test_invalid_topic_partition_refused(tmp_path: Path) -> None:
     import pytest
 
