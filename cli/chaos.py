@@ -692,7 +692,13 @@ def check_out(out: Path) -> None:
 def _broker_settings(args: argparse.Namespace) -> list[str]:
     # A bounded controlled shutdown keeps SIGTERM bounces and the final stop short: when every broker
     # stops at once leadership has nowhere to go and Kafka's 30 s default would be waited out.
-    return ["controlled.shutdown.max.wait.ms=5000", *args.set]
+    # Heartbeats at most a third of the session timeout apart (Kafka's defaults: 2 s against 9 s): with a short
+    # --session-timeout-ms the brokers' default interval would let every session lapse between heartbeats.
+    # Also the brokers' own session timeout, which bounds how long they wait for a heartbeat's answer.
+    session_ms = args.session_timeout_ms
+    heartbeat = [f"broker.heartbeat.interval.ms={max(1, min(2_000, session_ms // 3))}",
+                 f"broker.session.timeout.ms={session_ms}"]
+    return ["controlled.shutdown.max.wait.ms=5000", *heartbeat, *args.set]
 
 
 def _cluster_to_start(args: argparse.Namespace, data_dir: Path) -> cl.ClusterSpec | None:

@@ -126,13 +126,21 @@ def plan(data_dir: Path, brokers: int, base_port: int, host: str = DEFAULT_HOST,
 
 
 def check_settings(settings: Sequence[str], controller_settings: Sequence[str]) -> None:
-    """``--set`` / ``--controller-set`` items the members would refuse, refused before anything starts."""
+    """``--set`` / ``--controller-set`` items the members would refuse, refused before anything starts; and a
+    controller session timeout the brokers' heartbeat interval cannot keep alive (they would be fenced and
+    unfenced again and again)."""
+    resolved = []
     for flag, items, resolve in (("--set", settings, broker_config),
                                  ("--controller-set", controller_settings, controller_config)):
         try:
-            resolve(parse_assignments(items))
+            resolved.append(resolve(parse_assignments(items)))
         except ConfigError as exc:
             raise CliError(f"{flag}: {exc}") from None
+    interval = resolved[0].get_int("broker.heartbeat.interval.ms")
+    session = resolved[1].get_int("broker.session.timeout.ms")
+    if interval >= session:
+        raise CliError(f"--controller-set: broker.session.timeout.ms ({session}) must be above the brokers' "
+                       f"broker.heartbeat.interval.ms ({interval}; set it with --set)")
 
 
 def minibroker_argv(python: str = sys.executable) -> list[str]:
@@ -596,7 +604,9 @@ async def wait_registered(spec: ClusterSpec, timeout_s: float) -> None:
                 print(f"waiting for brokers to register: {len(wanted & seen)}/{len(wanted)}", file=sys.stderr)
             if time.monotonic() >= deadline:
                 missing = ", ".join(str(b) for b in sorted(wanted - seen))
-                what = f"brokers {missing} did not register" if answered else "the controller did not answer"
+                # a broker restarted before its previous incarnation's session ended is refused until it ends
+                what = (f"brokers {missing} did not register (a restarted broker waits until its previous "
+                        f"session ends: broker.session.timeout.ms)" if answered else "the controller did not answer")
                 raise CliError(f"{what} within {timeout_s:.0f}s; see logs in {spec.data_dir}")
             await asyncio.sleep(0.2)
     finally:
@@ -857,9 +867,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps({"data_dir": spec.data_dir, "controller": spec.controller.address,
                           "bootstrap": spec.bootstrap, "members": rows}, indent=2))
         return 0
-    print(f"{'MEMBER':<12} {'ADDRESS':<16} {'PID':>8}  {'STATE':<10} DETAILS")
+    print(f"{'MEMBER':<12} {'ADDRESS':<16} {'PID':>8}  {'STATE':<11} DETAILS")
     for r in rows:
         state = ("paused" if r["paused"] else "stopping" if r.get("shutting_down")
+                 else "registering" if r["responding"] and r.get("broker_epoch", 0) < 0
                  else "up" if r["responding"] else "starting" if r["running"] else "down")
         details = ""
         if "leader_for" in r:
@@ -867,7 +878,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         elif "registered_brokers" in r:
             details = (f"controller_epoch {r['controller_epoch']}, registered brokers "
                        f"{','.join(map(str, r['registered_brokers'])) or '-'}")
-        print(f"{r['name']:<12} {r['address']:<16} {r['pid'] or '-':>8}  {state:<10} {details}")
+        print(f"{r['name']:<12} {r['address']:<16} {r['pid'] or '-':>8}  {state:<11} {details}")
     return 0
 
 

@@ -109,7 +109,7 @@ def test_sigterm_heals_a_running_cluster_and_leaves_it_running(dirs: tuple[Path,
     data, out = dirs
     base = free_base_port()
     subprocess.run([*minibroker(), "cluster", "up", "--detach", "--data-dir", str(data), "--base-port", str(base),
-                    "--controller-set", "broker.session.timeout.ms=1500"],
+                    "--controller-set", "broker.session.timeout.ms=1500", "--set", "broker.heartbeat.interval.ms=500"],
                    check=True, capture_output=True, timeout=90)
     proc = start_chaos(data, out, base, "--seed", "3")
     seen = read_until(proc, r"^\[.*\] pause ")

@@ -182,6 +182,11 @@ async def test_a_cluster_file_that_is_not_json(tmp_path: Path) -> None:
     (["--set", "min.insync.replicas"], "--set: expected key=value"),
     (["--controller-set", "num.partitions=x"], "--controller-set: num.partitions: expected an integer"),
     (["--controller-set", "log.segment.bytes=2048"], "--controller-set: unknown config 'log.segment.bytes'"),
+    # the brokers would be fenced and unfenced for ever
+    (["--controller-set", "broker.session.timeout.ms=1000"],
+     "--controller-set: broker.session.timeout.ms (1000) must be above the brokers' broker.heartbeat.interval.ms"),
+    (["--set", "broker.heartbeat.interval.ms=500", "--controller-set", "broker.session.timeout.ms=500"],
+     "--controller-set: broker.session.timeout.ms (500) must be above"),
 ])
 async def test_bad_settings_are_refused_before_anything_starts(tmp_path: Path, flags: list[str],
                                                                message: str) -> None:
