@@ -78,13 +78,13 @@ class RpcBadRequest(RpcError):
 
 
 DEFAULT_MAX_RESPONSE_BYTES = 256 * 1024 * 1024
+_MAX_HEADER_BYTES = 64 * 1024
 
 
 def fetch_response_limit(max_bytes: int) -> int:
     """``max_response_bytes`` for a fetch asking for ``max_bytes``: an answer may pass it by one batch (the first
     is always whole), so room for a large setting too."""
     return max(DEFAULT_MAX_RESPONSE_BYTES, 2 * max_bytes)
-_MAX_HEADER_BYTES = 64 * 1024
 
 
 # Below this, headers and body are joined and written with one send; above it they are written
