@@ -20,9 +20,13 @@ unanswered at its ``delivery.timeout.ms`` fails then, as maybe written
 (Kafka's Sender.getExpiredInflightBatches); its answer, when it comes, is
 ignored. ``delivery.timeout.ms`` must be at least ``linger.ms +
 request.timeout.ms`` (Kafka's ConfigException). With ``acks=0`` a record
-resolves with offset -1 once its request was answered; the answer is read and
-ignored (Kafka resolves once the request is written, which the HTTP client
-does not report: the broker answers acks=0 right after its local append).
+resolves with offset -1 once its request was answered (Kafka resolves once the
+request is written, which the HTTP client does not report: the broker answers
+acks=0 right after its local append). Unlike Kafka's producer, which never reads
+an acks=0 answer (its broker closes the connection on an error, so the
+producer at most refreshes its metadata), this one handles the answer's errors
+as with acks=1: a record the leader refused is retried, split or failed, never
+reported delivered; nothing the answer says was written is sent again.
 ``flush`` waits for the records sent before it; ``close`` refuses new sends at
 once, then flushes and waits for the requests in flight.
 
@@ -771,10 +775,6 @@ class Producer:
                 for batches in drained.values():
                     self._retry_or_fail(batches, ErrorCode.NETWORK_EXCEPTION, str(exc))
                 return
-            if self.config.acks == 0:  # sent: the records count as delivered only now (see the module docstring)
-                for batches in drained.values():
-                    self._complete(batches, -1)
-                return
             self._handle_response(resp, drained)
         except asyncio.CancelledError:  # close() gave up waiting: the request may have been appended
             for batches in drained.values():
@@ -803,7 +803,9 @@ class Producer:
                 answered.add(tp)
                 code = ErrorCode.of(int(p.get("error", 0)))
                 base_offset = p.get("base_offset")
-                if code is ErrorCode.NONE and (type(base_offset) is not int or base_offset < 0):
+                if code is ErrorCode.NONE and self.config.acks == 0:  # delivered as Kafka reports acks=0: no offset
+                    self._complete(batches, -1)
+                elif code is ErrorCode.NONE and (type(base_offset) is not int or base_offset < 0):
                     # A success without the offset it was written at cannot be reported as an ack (a delivery
                     # report at offset -1 names no record); it was appended, so it fails as maybe written.
                     self._retry_or_fail(batches, ErrorCode.UNKNOWN_SERVER_ERROR,

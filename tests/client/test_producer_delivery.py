@@ -61,6 +61,32 @@ async def test_acks_zero_record_whose_request_failed_is_retried_not_reported_del
         assert fake.partitions[TP0].log_end_offset == 1  # reported delivered once it really was sent
 
 
+async def test_acks_zero_records_the_leader_refused_are_retried_or_failed_not_reported_delivered(
+        fake: FakeCluster) -> None:
+    """The acks=0 answer used to be read and ignored: a record the leader refused (not the leader any more, a
+    batch above the topic's max.message.bytes) was reported delivered though it was never written."""
+    fake.errors[TP0].append(ErrorCode.NOT_LEADER_OR_FOLLOWER)
+    fake.errors[TP1].append(ErrorCode.INVALID_TOPIC_EXCEPTION)
+    async with Producer(fake.bootstrap, fast(acks=0)) as producer:
+        retried = await producer.send(TOPIC, b"retried", partition=0)
+        refused = await producer.send(TOPIC, b"refused", partition=1)
+        assert (await retried).offset == -1
+        with pytest.raises(MinibrokerError) as info:
+            await refused
+    assert info.value.code is ErrorCode.INVALID_TOPIC_EXCEPTION
+    assert fake.partitions[TP0].log_end_offset == 1 and fake.partitions[TP1].log_end_offset == 0
+
+
+async def test_acks_zero_batch_above_max_message_bytes_is_split_and_every_record_written(
+        fake: FakeCluster) -> None:
+    fake.partitions[TP0].max_message_bytes = 400
+    async with Producer(fake.bootstrap, fast(acks=0, linger_ms=50, batch_size=4_000)) as producer:
+        futures = [await producer.send(TOPIC, b"v%02d" % i + b"." * 40, partition=0) for i in range(20)]
+        assert [(await f).offset for f in futures] == [-1] * 20
+    written = [r.value for _, _, raw in fake.partitions[TP0].batches for r in decode_records(raw)]
+    assert written == [b"v%02d" % i + b"." * 40 for i in range(20)]
+
+
 async def test_flush_waits_only_for_records_sent_before_it(fake: FakeCluster) -> None:
     fake.move_leader(TP1, -1)  # a record for partition 1 waits for a leader until delivery.timeout.ms
     async with Producer(fake.bootstrap, fast(delivery_timeout_ms=3_000)) as producer:
