@@ -40,12 +40,23 @@ def say(text: str) -> None:
     print(f"[demo {time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
-async def _leader_of(producer: Any, partition: int) -> tuple[int, int]:
+async def _leader_of(producer: Any, partition: int, *, other_than: int | None = None,
+                     wait_s: float = 30.0) -> tuple[int, int]:
+    """The partition's leader and leader epoch, from fresh metadata. Each refresh asks the next broker, and
+    one may not know the topic yet (its UpdateMetadata still on the way) or may still name the killed
+    leader, so this asks again (every 0.1 s, for at most ``wait_s``) until a leader other than
+    ``other_than`` is named; then it gives what it last saw (-1: none)."""
     from common.wire import TopicPartition
 
-    md = await producer.metadata.refresh(force=True)
-    info = md.partitions[TopicPartition(TOPIC, partition)]
-    return info.leader, info.leader_epoch
+    tp = TopicPartition(TOPIC, partition)
+    deadline = time.monotonic() + wait_s
+    while True:
+        info = (await producer.metadata.refresh(force=True)).partitions.get(tp)
+        if info is not None and info.leader >= 0 and info.leader != other_than:
+            return info.leader, info.leader_epoch
+        if time.monotonic() >= deadline:
+            return (-1, -1) if info is None else (info.leader, info.leader_epoch)
+        await asyncio.sleep(0.1)
 
 
 async def run_demo(spec: cluster.ClusterSpec, records: int) -> int:
@@ -78,6 +89,8 @@ async def _produce_kill_consume(spec: cluster.ClusterSpec, records: int, produce
     await producer.start()
     await producer.metadata.wait_for_topic(TOPIC, 30_000)
     old_leader, old_epoch = await _leader_of(producer, 0)
+    if old_leader < 0:
+        raise CliError(f"no broker named a leader of {TOPIC}-0 within 30 s")
     victim = spec.member(str(old_leader))
 
     def done(value: str, fut: Any) -> None:
@@ -104,7 +117,7 @@ async def _produce_kill_consume(spec: cluster.ClusterSpec, records: int, produce
                 "still producing")
     await producer.flush()
     await asyncio.sleep(0)
-    new_leader, new_epoch = await _leader_of(producer, 0)
+    new_leader, new_epoch = await _leader_of(producer, 0, other_than=old_leader)
     await producer.close()
     say(f"acknowledged {len(acked)} of {records} records ({len(failed)} failed"
         + (f", e.g. {next(iter(failed.values()))}" if failed else "") + ")")
