@@ -721,6 +721,8 @@ class ReplicaManager:
             return _fetch_answer(tp, code, p)
         the_log = p.log
         diverging = self._diverging_epoch(p, fp)
+        if isinstance(diverging, ErrorCode):
+            return _fetch_answer(tp, diverging, p)
         if diverging is not None:
             out = _fetch_answer(tp, ErrorCode.NONE, p)
             out["diverging_epoch"] = diverging
@@ -756,13 +758,18 @@ class ReplicaManager:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
         return ErrorCode.NONE
 
-    def _diverging_epoch(self, p: Partition, fp: FetchPartitionRequest) -> dict[str, int] | None:
-        """KIP-320: the fetcher's last epoch ends earlier here than its fetch offset -> tell it where."""
+    def _diverging_epoch(self, p: Partition, fp: FetchPartitionRequest) -> dict[str, int] | ErrorCode | None:
+        """KIP-320: the fetcher's last epoch ends earlier here than its fetch offset -> tell it where.
+
+        As Kafka's Partition.readRecords: when the end of the fetcher's last epoch cannot be determined here
+        (an epoch this log has no entry at or below), or the fetch offset is below the log start (whether or
+        not the epochs diverge), the answer is OFFSET_OUT_OF_RANGE. It used to be a diverging epoch of
+        (-1, -1), on which a fetcher falls back to truncating at its HW, the blind truncation KIP-101 ended."""
         if fp.last_fetched_epoch < 0:
             return None
         epoch, end = p.log.end_offset_for_epoch(fp.last_fetched_epoch)
-        # Kafka Partition.fetchRecords: an undefined answer (-1, -1) also diverges; the fetcher then
-        # falls back to its HW.
+        if epoch < 0 or end < 0 or fp.fetch_offset < p.log.log_start_offset:
+            return ErrorCode.OFFSET_OUT_OF_RANGE
         if end < fp.fetch_offset or epoch < fp.last_fetched_epoch:
             return {"epoch": epoch, "end_offset": end}
         return None
@@ -797,7 +804,13 @@ class ReplicaManager:
             if end > fp.fetch_offset:
                 if req.min_bytes <= 1:
                     return True
-                data = p.log.read(fp.fetch_offset, fp.partition_max_bytes, None if req.is_follower else end, True)
+                try:
+                    data = p.log.read(fp.fetch_offset, fp.partition_max_bytes, None if req.is_follower else end,
+                                      True)
+                except MinibrokerError:
+                    # Kafka's DelayedFetch.tryComplete: a partition's error completes the fetch (answered with
+                    # it); it must not escape into the append or follower fetch whose check got here.
+                    return True
                 total += len(data.records)
                 if total >= req.min_bytes:
                     return True

@@ -30,7 +30,7 @@ from common.wire import TopicPartition
 from storage.log import Log, LogConfig
 from storage.record_batch import build_batch, decode_records, iter_batches
 from tests import procs as P
-from tests.broker.conftest import TP, StartBroker, batch, part, produce_body
+from tests.broker.conftest import TP, StartBroker, batch, fetch_body, part, produce_body
 from tests.fake_controller import FakeController
 
 Failures = list[tuple[Path, str]]
@@ -337,3 +337,36 @@ async def test_a_leader_whose_disk_fails_halts_and_a_follower_takes_over_with_ev
 async def _superset(read: Any, acked: list[bytes]) -> list[bytes] | None:
     got: list[bytes] = await read
     return got if set(acked) <= set(got) else None
+
+
+def refuse_reads(the_log: Log) -> None:
+    """The active segment's descriptor now refers to a write-only open of its file: appends still work,
+    reads fail with EBADF."""
+    seg = the_log.segments[-1]
+    wo = os.open(seg.dir / f"{seg.base_offset:020d}.log", os.O_WRONLY | os.O_APPEND)
+    os.dup2(wo, seg.fd)
+    os.close(wo)
+
+
+async def test_a_read_failing_while_a_waiting_fetch_is_checked_answers_that_fetch_not_the_append(
+        start_broker: StartBroker, controller: FakeController, rpc: RpcClient) -> None:
+    """An append checks the fetches waiting on its partition (Kafka's DelayedFetch.tryComplete); a read that
+    failed there escaped into the produce, which was answered UNKNOWN_SERVER_ERROR though its records were
+    appended (a retry would write them twice), and the waiting fetch was left to its max_wait."""
+    failures: Failures = []
+    b = await start_broker(on_dir_failure=recorder(failures))
+    await controller.elect(TP, leader=1, replicas=[1])
+    assert part(await rpc.call(b.address, "produce", produce_body(batch())))["error"] == 0
+    waiting = asyncio.ensure_future(rpc.call(b.address, "fetch", fetch_body(0, max_wait_ms=120_000,
+                                                                            min_bytes=1 << 30)))
+    assert b.rm is not None
+    for _ in range(500):
+        if len(b.rm.fetch_purgatory):
+            break
+        await asyncio.sleep(0.01)
+    refuse_reads(b.rm.partitions[TP].log)
+    produced = await rpc.call(b.address, "produce", produce_body(batch()))
+    assert part(produced)["error"] == 0 and part(produced)["base_offset"] == 3
+    answer = await asyncio.wait_for(waiting, 30)
+    assert part(answer)["error"] == ErrorCode.KAFKA_STORAGE_ERROR
+    assert len(failures) == 1 and "Bad file descriptor" in failures[0][1], failures

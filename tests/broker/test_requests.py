@@ -200,6 +200,18 @@ async def test_diverging_epoch_for_follower(start_broker: StartBroker, controlle
     assert f["diverging_epoch"] is None and f["records"]
 
 
+async def test_follower_whose_last_epoch_the_leader_cannot_place_gets_offset_out_of_range(
+        start_broker: StartBroker, controller: FakeController, rpc: RpcClient) -> None:
+    """Kafka's Partition.readRecords: a last fetched epoch whose end the leader cannot determine (here newer
+    than any epoch it has) is OFFSET_OUT_OF_RANGE. It was answered as a diverging epoch (-1, -1), on which
+    the fetcher truncates to its HW, the blind truncation KIP-101 removed."""
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1, 2])
+    await rpc.call(b.address, "produce", produce_body(batch(3)))
+    f = part(await rpc.call(b.address, "fetch", fetch_body(3, replica_id=2, broker_epoch=1, last_fetched_epoch=7)))
+    assert f["error"] == ErrorCode.OFFSET_OUT_OF_RANGE and not f.get("diverging_epoch")
+
+
 async def test_follower_fetch_from_non_replica(start_broker: StartBroker, controller: FakeController,
                                                rpc: RpcClient) -> None:
     addr = await leader_broker(start_broker, controller)
