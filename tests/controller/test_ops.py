@@ -6,7 +6,7 @@ from common.errors import ErrorCode
 from common.wire import TopicPartition
 from controller import ops
 from controller.rules import ElectionReason
-from controller.state import MetadataImage, PartitionState, RegisterBrokerRecord
+from controller.state import MetadataImage, PartitionRecord, PartitionState, RegisterBrokerRecord
 
 TP0 = TopicPartition("t", 0)
 TP1 = TopicPartition("t", 1)
@@ -18,7 +18,7 @@ def cluster(*parts: tuple[TopicPartition, PartitionState], unclean: bool = False
         image.apply(RegisterBrokerRecord(b, "127.0.0.1", 9000 + b, f"i{b}", b))
     image.topics["t"] = {"unclean.leader.election.enable": unclean, "min.insync.replicas": 1}
     for tp, st in parts:
-        image.partitions[tp] = st
+        image.apply(PartitionRecord.of(tp, st))
     return image
 
 
