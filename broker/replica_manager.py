@@ -325,18 +325,17 @@ class ReplicaManager:
         leo = p.log_end_offset
         if not was_leader_same_epoch:
             _assign_epoch(p.log, msg.leader_epoch, leo)
+        old_isr = p.state.isr
         p.state = ps.become_leader(p.state, leader_epoch=msg.leader_epoch, partition_epoch=msg.partition_epoch,
                                    isr=msg.isr, replicas=msg.replicas, leader_end_offset=leo,
                                    high_watermark=p.state.high_watermark, now_ms=self.clock.monotonic_ms())
-        if was_leader_same_epoch:
-            log.info("isr_updated", broker_id=self.broker_id, topic=tp.topic, partition=tp.partition,
-                     leader_epoch=msg.leader_epoch, partition_epoch=msg.partition_epoch, isr=list(msg.isr),
-                     source="controller")
-        else:
+        if not was_leader_same_epoch:
             log.info("became_leader", broker_id=self.broker_id, topic=tp.topic, partition=tp.partition,
                      leader_epoch=msg.leader_epoch, partition_epoch=msg.partition_epoch, isr=list(msg.isr),
                      replicas=list(msg.replicas), log_end_offset=leo, high_watermark=p.state.high_watermark)
         self._maybe_advance_hw(p)
+        if was_leader_same_epoch:
+            self._log_isr_updated(p, old_isr, source="controller")
         self.produce_purgatory.check_and_complete(tp)
         self.fetch_purgatory.check_and_complete(tp)
 
@@ -346,11 +345,13 @@ class ReplicaManager:
         tp = p.tp
         same_leader = (p.state.role is ps.Role.FOLLOWER and p.state.leader == msg.leader
                        and p.state.leader_epoch == msg.leader_epoch)
+        old_isr = p.state.isr
         if same_leader and tp in self._fetching:
             # An ISR-only update (newer partition epoch): keep the running fetch, as Kafka does.
             p.state = ps.become_follower(p.state, leader=msg.leader, leader_epoch=msg.leader_epoch,
                                          partition_epoch=msg.partition_epoch, isr=msg.isr, replicas=msg.replicas,
                                          log_end_offset=p.log_end_offset)
+            self._log_isr_updated(p, old_isr, source="controller")
             return
         self._stop_fetching([tp])
         p.state = ps.become_follower(p.state, leader=msg.leader, leader_epoch=msg.leader_epoch,
@@ -359,7 +360,10 @@ class ReplicaManager:
         if not same_leader:
             log.info("became_follower", broker_id=self.broker_id, topic=tp.topic, partition=tp.partition,
                      leader=msg.leader, leader_epoch=msg.leader_epoch, partition_epoch=msg.partition_epoch,
-                     log_end_offset=p.log_end_offset, high_watermark=p.state.high_watermark)
+                     isr=list(msg.isr), replicas=list(msg.replicas), log_end_offset=p.log_end_offset,
+                     high_watermark=p.state.high_watermark)
+        else:
+            self._log_isr_updated(p, old_isr, source="controller")
         self.produce_purgatory.check_and_complete(tp)
         self.fetch_purgatory.check_and_complete(tp)
         leader = self.metadata.brokers.get(msg.leader)
@@ -548,11 +552,19 @@ class ReplicaManager:
                                           partition_epoch=result.partition_epoch)
         if applies and ours:
             (self.metrics.isr_expands if change.is_expand else self.metrics.isr_shrinks).inc()
+        self._maybe_advance_hw(p)
+        self._log_isr_updated(p, before, source="alter_partition")
+        self.produce_purgatory.check_and_complete(p.tp)
+
+    def _log_isr_updated(self, p: Partition, old_isr: tuple[int, ...], *, source: str) -> None:
+        """``isr_updated`` when the ISR changed, after the HW has moved with it (a newer partition epoch that
+        leaves the ISR as it was is no ISR update)."""
+        if tuple(p.state.isr) == tuple(old_isr):
+            return
         log.info("isr_updated", broker_id=self.broker_id, topic=p.tp.topic, partition=p.tp.partition,
                  leader_epoch=p.state.leader_epoch, partition_epoch=p.state.partition_epoch,
-                 isr=list(p.state.isr), old_isr=list(before), high_watermark=p.state.high_watermark)
-        self._maybe_advance_hw(p)
-        self.produce_purgatory.check_and_complete(p.tp)
+                 isr=list(p.state.isr), old_isr=list(old_isr), high_watermark=p.state.high_watermark,
+                 source=source)
 
     # ---- produce ------------------------------------------------------------------------------------
     async def produce(self, req: ProduceRequest) -> dict[TopicPartition, dict[str, Any]]:
