@@ -447,7 +447,8 @@ async def produce_main(args: argparse.Namespace, stdin: BinaryIO, out: TextIO) -
         counts["maybe_written"] += maybe
         name = error_name(exc)
         if not first_error:
-            first_error.append(f"line {line_no}: {name}: {exc}")
+            message = str(exc)
+            first_error.append(f"line {line_no}: {message if message.startswith(name) else f'{name}: {message}'}")
         if args.delivery_report:
             doc: dict[str, Any] = {"line": line_no, **data_fields("value", value), "error": name,
                                    "maybe_written": maybe}
@@ -536,7 +537,8 @@ async def produce_main(args: argparse.Namespace, stdin: BinaryIO, out: TextIO) -
         await producer.start()
         with contextlib.suppress(_Stopped):
             unsent = await pump()
-        if stopping.is_set():
+        stopped_reading = stopping.is_set()  # before the end of stdin
+        if stopped_reading:
             unsent += reader.unread_lines()
         await settle()
         await asyncio.sleep(0)  # let the last done-callbacks run
@@ -549,18 +551,19 @@ async def produce_main(args: argparse.Namespace, stdin: BinaryIO, out: TextIO) -
             output.flush()
         finally:
             restore_sigint()
-    if output.broken:  # `| head`: stop quietly, as consume does
-        return 0
     not_acked = counts["sent"] - counts["acked"]
     if not_acked:
         maybe = counts["maybe_written"] + (not_acked - counts["failed"])  # (none unanswered after close)
         print(f"minibroker: {not_acked} of {counts['sent']} records were not acknowledged "
               f"({not_acked - maybe} not written, {maybe} maybe written"
               + (f"; first error: {first_error[0]})" if first_error else ")"), file=sys.stderr)
-    if interrupts:
-        print(f"minibroker: interrupted: {unsent} line{'s' if unsent != 1 else ''} read from stdin "
-              f"{'was' if unsent == 1 else 'were'} not sent", file=sys.stderr)
-        return 130
+    if interrupts or (output.broken and stopped_reading):
+        # `| head` stops reading stdin as Ctrl-C does (the reports' reader is gone); the lines left are not
+        # sent, which is said, and is no success (it used to end quietly with status 0)
+        print(f"minibroker: {'interrupted' if interrupts else 'stdout closed'}: {unsent} "
+              f"line{'s' if unsent != 1 else ''} read from stdin {'was' if unsent == 1 else 'were'} not sent"
+              + ("" if interrupts else " (and stdin was not read to its end)"), file=sys.stderr)
+        return 130 if interrupts else 1
     return 1 if not_acked else 0
 
 
@@ -643,6 +646,9 @@ async def consume_main(args: argparse.Namespace, out: TextIO) -> int:
         # answered an error: what the consumer's last fetch from it said
         errors = consumer.fetch_errors()
         unreachable = [(tp, errors[tp]) for tp in tps if tp in errors and tp not in leaderless]
+    except asyncio.CancelledError:  # Ctrl-C (asyncio.run cancels this task): the count still, as Kafka's does
+        print(f"consumed {count} messages", file=sys.stderr)
+        raise
     finally:
         await consumer.close()
     if leaderless:  # Kafka's consumer warns LEADER_NOT_AVAILABLE in its log; say it where it is seen
@@ -693,7 +699,9 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
                                    "Ctrl-C stops waiting: those still unanswered fail, as PRODUCER_CLOSED), prints "
                                    "their delivery reports, says on stderr how many lines read were not sent, and "
                                    "exits with status 130. When stdout's reader goes away (| head), produce stops "
-                                   "reading and ends quietly, as consume does.")
+                                   "reading stdin as Ctrl-C does, waits for the records sent, says on stderr "
+                                   "how many lines read were not sent and exits with status 1 (0 if stdin had "
+                                   "already been read to its end and every record was acknowledged).")
     p.add_argument("topic", metavar="TOPIC", help="topic to produce to")
     add_bootstrap(p)
     p.add_argument("--acks", default="all", choices=["all", "-1", "1", "0"], help="default all")

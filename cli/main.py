@@ -38,12 +38,24 @@ class CliError(Exception):
         self.status = status
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser that refuses arguments it does not know itself, so the error comes with its own
+    usage line (argparse hands them up to the top parser, whose usage names no option of the command)."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="minibroker",
         description="A small replicated commit log on Kafka's replication design.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_CommandParser)
     perf_parser = sub.add_parser("perf", help="benchmarks: storage, broker, controller, produce, consume, e2e, audit",
                                  description="Benchmarks that print figures.")
     perf = perf_parser.add_subparsers(dest="perf_command", metavar="BENCHMARK")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import signal
 import sys
@@ -252,6 +253,35 @@ async def test_ctrl_c_ends_produce_reading_a_pipe_whose_writer_stays_open(fake: 
     assert "Traceback" not in err and "not acknowledged" not in err
 
 
+async def test_ctrl_c_ends_consume_with_the_count_of_records_consumed(fake: FakeCluster) -> None:
+    # as Kafka's console consumer ("Processed a total of N messages"); Ctrl-C used to end it without a count
+    status, _, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "0",
+                               stdin=b"a\nb\n")
+    assert status == 0, err
+    proc = await asyncio.create_subprocess_exec(
+        *minibroker(), "consume", TOPIC, "--bootstrap", fake.bootstrap, "--from-beginning",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None
+    try:
+        assert [await asyncio.wait_for(proc.stdout.readline(), 20) for _ in range(2)] == [b"a\n", b"b\n"]
+        proc.send_signal(signal.SIGINT)
+        status, out, err = await finish(proc)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert status == 130 and out == ""
+    assert err.strip().splitlines()[-1] == "consumed 2 messages" and "Traceback" not in err
+
+
+async def test_produce_names_the_first_error_once(fake: FakeCluster) -> None:
+    # "first error: line 1: INVALID_TOPIC_EXCEPTION: INVALID_TOPIC_EXCEPTION" once
+    fake.errors[TopicPartition(TOPIC, 0)].append(ErrorCode.INVALID_TOPIC_EXCEPTION)
+    status, _, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "0", stdin=b"a\n")
+    assert status == 1
+    assert "; first error: line 1: INVALID_TOPIC_EXCEPTION)" in err, err
+
+
 async def test_ctrl_c_while_produce_waits_counts_the_lines_not_sent_and_a_second_stops_waiting(
         fake: FakeCluster) -> None:
     # partition 0 has no leader: its records wait in the producer, and buffer.memory=60 takes 5 of them (14
@@ -304,21 +334,38 @@ async def test_delivery_reports_tell_maybe_written_failures_from_certain_ones(fa
            f"line 2: MESSAGE_TOO_LARGE: a {len(big)}-byte line makes a record larger than max.request.size=" in err
 
 
-async def test_produce_stops_quietly_when_its_delivery_reports_reader_goes_away(fake: FakeCluster) -> None:
-    # `produce --delivery-report | head -1` once wrote a BrokenPipeError traceback per record
-    lines = b"".join(b"%d\n" % i for i in range(1, 2001))
+async def test_produce_stops_when_its_delivery_reports_reader_goes_away_and_says_what_was_not_sent(
+        fake: FakeCluster) -> None:
+    # `produce --delivery-report | head -1` once wrote a BrokenPipeError traceback per record, then ended
+    # quietly with status 0 though the rest of stdin was never sent. Here stdin never ends: lines keep coming
+    # (at most 2,000 a second for 60 s) until produce stops reading and exits.
     script = '"$@" | head -1; echo "status ${PIPESTATUS[0]}" >&2'
     proc = await asyncio.create_subprocess_exec(
         "bash", "-c", script, "bash", *minibroker(), "produce", TOPIC, "--bootstrap", fake.bootstrap,
         "--delivery-report", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+
+    async def feed(stdin: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError):  # produce has exited: its stdin is closed
+            for n in range(6_000):
+                stdin.write(b"%d\n" % n * 20)
+                await stdin.drain()
+                await asyncio.sleep(0.01)
+    feeding = asyncio.ensure_future(feed(proc.stdin))
     try:
-        out, err = await asyncio.wait_for(proc.communicate(lines), 60)
+        out, err = await asyncio.wait_for(asyncio.gather(proc.stdout.read(), proc.stderr.read()), 60)
+        await proc.wait()
     finally:
+        feeding.cancel()
+        proc.stdin.close()
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-    assert err.decode().splitlines() == ["status 0"]  # as `consume | head -1`: quiet, status 0
+    *said, status = err.decode().splitlines()
+    assert status == "status 1", err
+    [unsent] = [line for line in said if line.startswith("minibroker: stdout closed: ")]
+    assert unsent.endswith("not sent (and stdin was not read to its end)"), unsent
     (report,) = out.decode().splitlines()
     assert set(json.loads(report)) == {"line", "value", "partition", "offset"}
     proc = await asyncio.create_subprocess_exec(
@@ -330,7 +377,9 @@ async def test_produce_stops_quietly_when_its_delivery_reports_reader_goes_away(
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-    assert err.decode().splitlines() == ["status 0"] and len(out.decode().splitlines()) == 1
+    # quiet (or, when its last write still went out whole, its usual count), status 0, no traceback
+    assert err.decode().splitlines()[-1] == "status 0" and "Traceback" not in err.decode()
+    assert len(out.decode().splitlines()) == 1
 
 
 async def test_a_huge_line_is_not_kept_whole(fake: FakeCluster) -> None:

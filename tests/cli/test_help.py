@@ -52,3 +52,18 @@ def test_help_page_prints(path: tuple[str, ...], capsys: pytest.CaptureFixture[s
     assert info.value.code == 0
     out = capsys.readouterr().out
     assert "usage: minibroker" in out
+
+
+@pytest.mark.parametrize("path", subcommand_paths(), ids=" ".join)
+def test_an_unknown_option_is_refused_with_the_subcommands_own_usage(
+        path: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    # `minibroker consume events --follow` answered with the top-level usage, which names no option of consume
+    with pytest.raises(SystemExit) as info:
+        main([*path, "--no-such-option"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: minibroker {' '.join(path)} ")
+    last = err.rstrip().splitlines()[-1]  # (a command with required arguments names those first)
+    name = " ".join(path)
+    assert (last == f"minibroker {name}: error: unrecognized arguments: --no-such-option"
+            or last.startswith(f"minibroker {name}: error: the following arguments are required")), err
