@@ -1,6 +1,9 @@
 # minibroker: one image for the controller, the brokers and the CLI.
 #   docker build -t minibroker .
 #   docker compose up -d        (see docker-compose.yml)
+# It installs minibroker without the audit extra and has no Java: `minibroker export` and `minibroker audit`
+# (pyarrow, PySpark on a JVM) are not in the image; run them from a host checkout (bash scripts/setup.sh).
+# .dockerignore keeps the venv, git and caches out of the build context.
 FROM python:3.11-slim
 
 ENV PYTHONUNBUFFERED=1 \

@@ -105,6 +105,8 @@ def _unusable_meta(path: Path, data_dir: Path, what: str) -> DataDirError:
 
 def check_meta(data_dir: Path, node_id: int) -> str:
     """Create the data dir and meta.properties, or refuse a dir that belongs to another node. -> cluster id."""
+    if os.path.lexists(data_dir) and not data_dir.is_dir():  # else mkdir's "[Errno 17] File exists"
+        raise DataDirError(f"--data-dir {data_dir} exists and is not a directory")
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / META_FILE
     cluster_id = DEFAULT_CLUSTER_ID

@@ -194,8 +194,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
         try:
             spec = cluster.up(spec, timeout_s=60)  # a signal: up stops what it started
         except BaseException as exc:
-            if temp:  # a start that failed early leaves the temp dir empty: no trace of it
+            # a start that failed before any member wrote there leaves the temp dir empty: no trace of it;
+            # once there are logs in the data dir (temp or not) it is kept, and named, as after a failed demo
+            if temp:
                 fsutil.remove_empty_dirs(data_dir, data_dir)
+            with contextlib.suppress(OSError):
+                if os.listdir(data_dir):
+                    say(f"data and logs kept in {spec.data_dir}")
             if isinstance(exc, KeyboardInterrupt):
                 say(f"stopped by {signals.name or 'a signal'} while starting the cluster")
                 return signals.exit_status

@@ -2,7 +2,9 @@
 
 Replays the journal and bumps the controller epoch (app startup), then listens;
 once bound it writes ``<data-dir>/endpoint`` (temp file + rename) and
-``<data-dir>/pid``. SIGTERM or SIGINT stops it gracefully with status 0.
+``<data-dir>/pid``. SIGTERM or SIGINT stops it gracefully with status 0, at
+any point from the start of ``run``: one during the replay lets the replay
+finish, then stops without listening (``docker stop`` on a starting container).
 """
 
 from __future__ import annotations
@@ -49,7 +51,22 @@ def run_bench(args: argparse.Namespace) -> int:
     return main(args)
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 def run(args: argparse.Namespace) -> int:
+    # first: a stop signal before serve() has the event loop's handlers is remembered, not fatal (as PID 1 in
+    # a container, SIGTERM without a handler would be ignored until docker stop's SIGKILL)
+    early: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: early.append(signum)) for sig in STOP_SIGNALS}
+    try:
+        return _run(args, early)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run(args: argparse.Namespace, early: list[int]) -> int:
     from common.config import controller_config, parse_assignments
     from common.logging import configure
 
@@ -63,9 +80,12 @@ def run(args: argparse.Namespace) -> int:
     configure("controller", "controller")
     from controller.journal import DataDirLockedError, JournalCorruptError
 
+    if os.path.lexists(data_dir) and not data_dir.is_dir():  # else mkdir's "[Errno 17] File exists"
+        print(f"minibroker: error: controller: --data-dir {data_dir} exists and is not a directory", file=sys.stderr)
+        return 2
     try:
-        data_dir.mkdir(parents=True, exist_ok=True)  # a file in the way is an OSError, reported below
-        return asyncio.run(serve(host, port, data_dir, config))
+        data_dir.mkdir(parents=True, exist_ok=True)  # a file in the way of a parent is an OSError, reported below
+        return asyncio.run(serve(host, port, data_dir, config, early))
     except (JournalCorruptError, DataDirLockedError, OSError) as exc:
         # printed here rather than raised as cli.main.CliError: under ``python -m cli.main`` that
         # module is ``__main__`` and would not catch the class imported as ``cli.main``
@@ -73,7 +93,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
-async def serve(host: str, port: int, data_dir: Path, config: Any) -> int:
+async def serve(host: str, port: int, data_dir: Path, config: Any, early: list[int] | None = None) -> int:
+    """Replay, listen, and run until SIGTERM/SIGINT (or a fatal journal error). ``early``: stop signals
+    received before this was called (``run``'s handlers): the controller then stops without listening."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in STOP_SIGNALS:  # before the replay: a signal during it is handled, not lost
+        loop.add_signal_handler(sig, stop.set)
+    if early:
+        stop.set()
+
     from aiohttp import web
 
     from common.clock import SystemClock
@@ -85,7 +114,11 @@ async def serve(host: str, port: int, data_dir: Path, config: Any) -> int:
     log = get_logger("controller.cli")
     controller = Controller(data_dir, config, SystemClock())
     runner = web.AppRunner(make_app(controller), access_log=None, handle_signals=False)
-    await runner.setup()
+    await runner.setup()  # the replay and the controller epoch bump
+    if stop.is_set():  # stopped while starting: no endpoint for anyone to find
+        log.info("controller_stopping", exit_status=0, while_starting=True)
+        await runner.cleanup()
+        return 0
     site = web.TCPSite(runner, host, port)
     await site.start()
     bound = runner.addresses[0]
@@ -94,10 +127,6 @@ async def serve(host: str, port: int, data_dir: Path, config: Any) -> int:
     write_atomic(data_dir / "pid", str(os.getpid()))
     write_atomic(data_dir / "endpoint", address)
     log.info("controller_listening", address=address, controller_epoch=controller.image.controller_epoch)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(controller.fatal.wait())]
     await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
     for w in waiters:

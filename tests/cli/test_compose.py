@@ -38,6 +38,13 @@ def servers(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {name: s for name, s in compose["services"].items() if name != "cli"}
 
 
+def published(service: dict[str, Any]) -> tuple[str, int, int]:
+    """(host address, host port, container port) of a service's one published port."""
+    (port,) = service["ports"]
+    host, host_port, container_port = str(port).split(":")
+    return host, int(host_port), int(container_port)
+
+
 def test_services_are_a_controller_and_three_brokers_on_the_cli_ports(compose: dict[str, Any]) -> None:
     spec = cluster.plan(Path("/data"), 3, cluster.DEFAULT_BASE_PORT)
     svc = servers(compose)
@@ -49,7 +56,7 @@ def test_services_are_a_controller_and_three_brokers_on_the_cli_ports(compose: d
         f = flags(command)
         listen_port = int(f["--listen"].rsplit(":", 1)[1])
         assert listen_port == m.port, f"{m.name} listens where `cluster up` puts it"
-        assert s["ports"] == [f"{m.port}:{m.port}"]
+        assert published(s) == ("127.0.0.1", m.port, m.port)
         if m.kind == "broker":
             assert f["--node-id"] == str(m.node_id)
             assert f["--advertise"] == f"{m.name}:{m.port}"
@@ -83,9 +90,9 @@ def test_cli_service_points_at_the_brokers_and_controller(compose: dict[str, Any
     assert cli_env["MINIBROKER_BOOTSTRAP"].split(",") == advertised
     assert cli_env["MINIBROKER_CONTROLLER"] == f"controller:{cluster.DEFAULT_BASE_PORT}"
     # the host-side defaults of the CLI are the published ports
-    published = [s["ports"][0].split(":")[0] for n, s in servers(compose).items() if n != "controller"]
-    assert [a.rsplit(":", 1)[1] for a in DEFAULT_BOOTSTRAP.split(",")] == published
-    assert DEFAULT_CONTROLLER.endswith(":" + compose["services"]["controller"]["ports"][0].split(":")[0])
+    ports = [published(s)[1] for n, s in servers(compose).items() if n != "controller"]
+    assert [int(a.rsplit(":", 1)[1]) for a in DEFAULT_BOOTSTRAP.split(",")] == ports
+    assert DEFAULT_CONTROLLER.endswith(f":{published(compose['services']['controller'])[1]}")
 
 
 def test_commands_parse_with_the_cli_when_the_process_commands_exist(compose: dict[str, Any]) -> None:
@@ -106,8 +113,38 @@ def test_dockerfile_runs_the_minibroker_entry_point_and_exposes_the_ports(compos
     text = (ROOT / "Dockerfile").read_text()
     assert re.search(r'^ENTRYPOINT \["minibroker"\]', text, re.M)
     exposed = {int(p) for line in re.findall(r"^EXPOSE (.+)$", text, re.M) for p in line.split()}
-    ports = {int(s["ports"][0].split(":")[1]) for s in servers(compose).values()}
+    ports = {published(s)[2] for s in servers(compose).values()}
     assert ports <= exposed
     for package in ("common", "storage", "broker", "fetcher", "controller", "client", "cli"):
         assert f"COPY {package} ./{package}" in text
     assert "VOLUME" in text and "/data" in text
+
+
+def test_ports_are_published_on_the_loopback_only(compose: dict[str, Any]) -> None:
+    # no authentication: a port on every interface is a topic anyone on the network can write and delete
+    for name, s in compose["services"].items():
+        for port in s.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), f"{name}: {port}"
+
+
+def test_a_member_that_cannot_start_is_not_restarted_for_ever(compose: dict[str, Any]) -> None:
+    # a bad flag or data dir exits with status 2 at every start; `always` / `unless-stopped` would loop on it
+    for name, s in servers(compose).items():
+        policy, _, retries = s["restart"].partition(":")
+        assert policy == "on-failure" and 0 < int(retries) <= 10, f"{name}: {s['restart']}"
+
+
+def test_healthchecks_allow_for_a_slow_start(compose: dict[str, Any]) -> None:
+    # journal replay and log recovery take a while on a big data dir: probes failing then must not count
+    for name, s in servers(compose).items():
+        hc = s["healthcheck"]
+        start = hc["start_period"]
+        assert re.fullmatch(r"\d+s", start) and int(start[:-1]) >= 10, f"{name}: {start}"
+
+
+def test_the_image_is_built_here_never_pulled(compose: dict[str, Any]) -> None:
+    # no registry publishes minibroker:latest: a service naming it without `build` would pull whatever
+    # docker.io/library/minibroker is when the image is missing
+    for name, s in compose["services"].items():
+        if s.get("image", "").startswith("minibroker"):
+            assert s.get("build") == "." or s.get("pull_policy") == "never", name
