@@ -120,10 +120,29 @@ def write_epochs(path: Path, entries: list[EpochEntry]) -> None:
     write_atomic(path, _format(f"{e.epoch} {e.start_offset}" for e in entries))
 
 
+MAX_EPOCH = 2**31 - 1  # partition_leader_epoch is an int32 in the batch header
+MAX_OFFSET = 2**63 - 1
+
+
 def read_epochs(path: Path) -> list[EpochEntry]:
+    """The entries of a ``leader-epoch-checkpoint``; an absent file is empty. ``CheckpointError`` unless
+    every epoch and start offset is in range (0..int32, 0..int64) and both strictly increase from line to
+    line, as the cache keeps them: Kafka's ``LeaderEpochFileCache`` refuses such entries too. A file that
+    parses but breaks this is damaged, not a cache to believe (recovery would otherwise judge the batches
+    by it); the log rebuilds the cache from the batches instead (``Log._rebuild_epochs``)."""
     if not path.exists():
         return []
-    return [EpochEntry(_int(path, r[0]), _int(path, r[1])) for r in _parse(path, 2)]
+    entries = [EpochEntry(_int(path, r[0]), _int(path, r[1])) for r in _parse(path, 2)]
+    previous: EpochEntry | None = None
+    for i, e in enumerate(entries):
+        if not (0 <= e.epoch <= MAX_EPOCH and 0 <= e.start_offset <= MAX_OFFSET):
+            raise CheckpointError(f"{path}: line {i + 3}: epoch {e.epoch} or start offset {e.start_offset} "
+                                  f"out of range")
+        if previous is not None and (e.epoch <= previous.epoch or e.start_offset <= previous.start_offset):
+            raise CheckpointError(f"{path}: line {i + 3}: ({e.epoch}, {e.start_offset}) does not follow "
+                                  f"({previous.epoch}, {previous.start_offset}): both must increase")
+        previous = e
+    return entries
 
 
 def read_properties(path: Path) -> dict[str, str]:

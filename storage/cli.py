@@ -20,7 +20,8 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
                                       "too): a batch that does not carries \"non_consecutive\", and the "
                                       "pairs are listed on stderr. Exit status 1 if any batch is invalid "
                                       "or offsets do not follow on.")
-    dump.add_argument("path", type=Path, help="a segment .log file or a <topic>-<partition> directory")
+    dump.add_argument("path", type=Path, help="a segment file (<20-digit base offset>.log) or a "
+                                              "<topic>-<partition> directory")
     dump.add_argument("--records", action="store_true", help="add the decoded records to each line")
     dump.set_defaults(func=_dump)
 

@@ -46,8 +46,10 @@ class DumpError(Exception):
 
 
 def log_files(path: Path) -> list[Path]:
-    """A file as given (any name, e.g. a copied segment); in a directory, its segment files
-    (``<20-digit base offset>.log``) in offset order, never other ``.log`` files such as a process log."""
+    """A segment file as given, or a directory's segment files in offset order: either way only files named
+    ``<20-digit base offset>.log``, never other ``.log`` files such as a process log. Kafka's
+    DumpLogSegments picks how to decode a file by its name; any other file here (a checkpoint, an index,
+    a snapshot) would be read as batches and print made-up headers, or nothing at all with success."""
     if path.is_dir():
         files = sorted((p for p in path.iterdir() if segment_base(p.name) is not None and p.is_file()),
                        key=lambda p: p.name)
@@ -55,6 +57,9 @@ def log_files(path: Path) -> list[Path]:
             raise DumpError(f"{path}: no segment files (<20-digit base offset>.log) in this directory")
         return files
     if path.is_file():
+        if segment_base(path.name) is None:
+            raise DumpError(f"{path}: not a segment file (expected a name <20-digit base offset>.log, "
+                            f"e.g. {0:020d}.log)")
         return [path]
     if path.exists():
         raise DumpError(f"{path}: not a regular file or a directory")

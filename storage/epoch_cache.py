@@ -41,7 +41,16 @@ class LeaderEpochCache:
         self._entries: list[EpochEntry] = []
         self._on_change = on_change
         for e in entries or []:
-            self._assign(e)
+            # As ``assign``, but a stale or non-monotonic entry is refused rather than dropped or made to
+            # truncate its predecessors: initial entries come from a file or a rebuild, and entries that
+            # break the cache's order mean the source is damaged (``checkpoint.read_epochs`` says so first).
+            if e.epoch < 0 or e.start_offset < 0:
+                raise ValueError(f"invalid epoch entry ({e.epoch}, {e.start_offset})")
+            last = self._entries[-1] if self._entries else None
+            if last is not None and (e.epoch <= last.epoch or e.start_offset <= last.start_offset):
+                raise ValueError(f"epoch entry ({e.epoch}, {e.start_offset}) does not follow "
+                                 f"({last.epoch}, {last.start_offset})")
+            self._entries.append(e)
 
     def entries(self) -> list[EpochEntry]:
         return list(self._entries)

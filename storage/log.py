@@ -37,9 +37,11 @@ is known to be on disk.
 
 Recovery (``open``): every batch at or after the recovery point is validated
 (``LogSegment.recover``: length, magic, CRC, record count, offset continuity,
-epoch-cache agreement); the first bad byte and everything after it is cut,
-later segments are deleted, and the indexes of the recovered segments are
-rebuilt. Batches below the recovery point were fsynced and are trusted: their
+epoch order, ``segment.epoch_cut``); the first bad byte and everything after it
+is cut, later segments are deleted, and the indexes of the recovered segments
+are rebuilt. An epoch cache the batches contradict is rebuilt from them, never
+a reason to cut (Kafka's recovery heals the cache the same way). Batches below
+the recovery point were fsynced and are trusted: their
 indexes are only sanity-checked (sorted, in range, last entry pointing at a
 batch with its offset, tail parsing to the end of file), and a segment that
 fails those checks is validated in full. After a clean close the recovery
@@ -84,7 +86,7 @@ from storage.record_batch import (
     InvalidBatchError,
     iter_batches,
 )
-from storage.segment import BatchMeta, LogSegment, log_path, segment_base
+from storage.segment import BatchMeta, LogSegment, RecoveryResult, log_path, segment_base
 
 EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 SNAPSHOT_SUFFIX = ".snapshot"  # producer-state snapshots, <20-digit offset>.snapshot (see _load_producer_state)
@@ -230,6 +232,12 @@ class Log:
         self._unflushed_messages = 0
         self._last_flush_ms = clock.monotonic_ms()
         self._generation = 0  # bumped by truncation: a deferred flush must not move the recovery point
+        # Segment files created (count) and how many of those creations a directory fsync has made durable:
+        # the recovery point never moves over a segment whose directory entry a power loss could still undo
+        # (Kafka's LocalLog.flush fsyncs the directory when it flushes a segment at or above the recovery
+        # point, Utils.flushDirIfExists).
+        self._dir_changes = 0
+        self._dir_synced = 0
         self._failed: str | None = None
         # Called with (this log, the error) on every I/O failure of an opened log, before the operation
         # raises: the ``LogManager`` reports it as a failure of its data dir (Kafka's LogDirFailureChannel).
@@ -257,30 +265,58 @@ class Log:
         self.epoch_cache = LeaderEpochCache(entries, on_change=self._write_epochs)
         floor = max([b for b in bases if b <= recovery_point], default=bases[0] if bases else 0)
         now = self.clock.now_ms()
+        epoch_mismatch: int | None = None  # first validated batch whose epoch the cache has wrong
+        prev_epoch = -1
         for i, base in enumerate(bases):
             if base < floor:
                 seg, result = LogSegment.open_existing(self.dir, base, self.config.index_interval_bytes, now,
-                                                       self.epoch_cache.epoch_for_offset)
+                                                       self.epoch_cache, self._last_epoch)
                 if result is not None:
                     self._log.warning("segment_indexes_rebuilt", base_offset=base, offset=seg.next_offset,
                                       truncated_bytes=result.truncated_bytes, reason=result.reason)
             else:
-                seg = self._recover_segment(base, now, recovery_point if base == floor else None)
+                if base == floor:
+                    prev_epoch = self._last_epoch()
+                seg, result = self._recover_segment(base, now, recovery_point if base == floor else None,
+                                                    prev_epoch)
+                prev_epoch = result.last_epoch
+            if result is not None and epoch_mismatch is None:
+                epoch_mismatch = result.epoch_mismatch
             self.segments.append(seg)
-            if seg.base_offset >= floor and i + 1 < len(bases) and seg.next_offset != bases[i + 1]:
+            # A segment that was validated (past the recovery point, or below it with indexes that failed the
+            # sanity checks) and does not end where the next begins was cut: everything after it goes, as
+            # Kafka's recoverLog deletes all segments after an invalid batch. Offsets stay contiguous (safety
+            # invariant 3) and the replica fetches the rest again. Kafka's loadSegmentFiles ignores the cut of
+            # a segment below the recovery point (recoverSegment) and keeps the later ones: a hole, in which
+            # reads return the next segment's batches; we follow its recovery rule instead. Failing the log
+            # (StorageError) would take the partition offline for damage that a refetch repairs.
+            if ((seg.base_offset >= floor or result is not None) and i + 1 < len(bases)
+                    and seg.next_offset != bases[i + 1]):
                 self._drop_after(bases[i + 1:], seg)
                 break
         if not self.segments:
             start = log_start_offset or 0
             self.segments.append(LogSegment.create(self.dir, start, self.config.index_interval_bytes, now))
+            self._dir_changes += 1
         self._bases = [s.base_offset for s in self.segments]
         self.log_end_offset = self.segments[-1].next_offset
         self.log_start_offset = opened_log_start(log_start_offset, self.segments[0].base_offset,
                                                  self.log_end_offset)
         if epochs_unreadable:
             self._rebuild_epochs()
+        elif epoch_mismatch is not None:
+            # Kafka's recovery assigns each recovered batch's epoch to the cache, so a wrong cache heals;
+            # here the whole cache is rebuilt from the batches, which also mends what it says about the
+            # trusted ones (a checkpoint that is wrong at one offset is not to be believed at the others).
+            self._log.warning("epoch_checkpoint_disagrees_with_log", offset=epoch_mismatch,
+                              entries=[(e.epoch, e.start_offset) for e in self.epoch_cache.entries()])
+            self._rebuild_epochs()
         # Entries past the LEO describe lost data; one AT the LEO is a leader's assignment with no data yet.
         self.epoch_cache.truncate_from_end(self.log_end_offset + 1)
+        if not self.epoch_cache.entries() and any(seg.size for seg in self.segments):
+            # A missing (or empty) checkpoint over stamped batches is as wrong as an unreadable one: rebuilt
+            # too. Nothing is written when no batch carries an epoch (>= 0): the cache is right empty.
+            self._rebuild_epochs(only_if_found=True)
         self.epoch_cache.truncate_from_start(self.log_start_offset)
         self.recovery_point = self.log_end_offset
         self._load_producer_state()
@@ -302,16 +338,24 @@ class Log:
                 path.unlink(missing_ok=True)
         return sorted(bases)
 
-    def _recover_segment(self, base: int, now: int, recovery_point: int | None) -> LogSegment:
+    def _last_epoch(self) -> int:
+        """During ``_load``: the leader epoch of the last batch of the segments opened so far (-1 if none)."""
+        for seg in reversed(self.segments):
+            if seg.size:
+                return seg.last_epoch()
+        return -1
+
+    def _recover_segment(self, base: int, now: int, recovery_point: int | None,
+                         prev_epoch: int) -> tuple[LogSegment, RecoveryResult]:
         fd = os.open(log_path(self.dir, base), os.O_RDWR | os.O_APPEND)
         seg = LogSegment(self.dir, base, fd, self.config.index_interval_bytes, now)
-        result = seg.recover(self.epoch_cache.epoch_for_offset, recovery_point)
+        result = seg.recover(self.epoch_cache, recovery_point, prev_epoch)
         if result.truncated_bytes:
             self._log.warning("log_recovery_truncated", base_offset=base, offset=seg.next_offset,
                               position=result.valid_bytes, truncated_bytes=result.truncated_bytes,
                               reason=result.reason)
         seg.flush()
-        return seg
+        return seg, result
 
     def _drop_after(self, bases: Sequence[int], seg: LogSegment) -> None:
         self._log.warning("log_recovery_dropped_segments", offset=seg.next_offset, base_offsets=list(bases))
@@ -328,11 +372,15 @@ class Log:
             self._log.warning("epoch_checkpoint_unreadable", error=str(exc))
             return None
 
-    def _rebuild_epochs(self) -> None:
+    def _rebuild_epochs(self, *, only_if_found: bool = False) -> None:
         """The epoch cache from the batches' own leader epochs (each epoch starts at the first batch that
-        carries it), for an unreadable checkpoint. An empty cache would answer OffsetsForLeaderEpoch
-        wrongly: as a leader, an older epoch would end where its own began, and a follower could keep
-        data it wrote in an older epoch that the leader never had (Kafka takes the log dir offline)."""
+        carries it), for an unreadable checkpoint or one the recovered batches contradict. An empty cache
+        would answer OffsetsForLeaderEpoch wrongly: as a leader, an older epoch would end where its own
+        began, and a follower could keep data it wrote in an older epoch that the leader never had (Kafka
+        takes the log dir offline). The old cache's last entry is kept if it starts at the LEO with a newer
+        epoch than any batch: a leader's assignment before its first append, which no batch can show.
+        ``only_if_found``: leave the cache (and file) alone if no batch carries an epoch."""
+        old = self.epoch_cache.latest_entry()
         entries: list[EpochEntry] = []
         for seg in self.segments:
             if not seg.size:
@@ -342,6 +390,11 @@ class Log:
                     epoch = header.partition_leader_epoch
                     if epoch >= 0 and (not entries or epoch > entries[-1].epoch):
                         entries.append(EpochEntry(epoch, header.base_offset))
+        if (old is not None and old.start_offset == self.log_end_offset
+                and (not entries or (old.epoch > entries[-1].epoch and old.start_offset > entries[-1].start_offset))):
+            entries.append(old)
+        if only_if_found and not entries:
+            return
         self.epoch_cache = LeaderEpochCache(entries, on_change=self._write_epochs)
         self._write_epochs(self.epoch_cache.entries())
         self._log.warning("epoch_checkpoint_rebuilt", entries=len(entries),
@@ -685,7 +738,7 @@ class Log:
         """What a new leader does: its epoch starts at its LEO (a stale epoch is ignored).
 
         ``start_offset`` must be the LEO: an earlier one would claim batches already written under
-        older epochs, and recovery checks every batch's epoch against this cache."""
+        older epochs (recovery would then take the cache for damaged and rebuild it from the batches)."""
         if start_offset != self.log_end_offset:
             raise ValueError(f"{self.topic_partition}: epoch {epoch} must start at the LEO "
                              f"{self.log_end_offset}, not {start_offset}")
@@ -716,6 +769,9 @@ class Log:
                 old.flush()
             new = LogSegment.create(self.dir, self.log_end_offset, self.config.index_interval_bytes,
                                     self.clock.now_ms())
+            self._dir_changes += 1
+            if not self.defer_roll_flush:
+                self._sync_dir()  # the rolled segment's entry (and the new one's) before the recovery point moves
         except OSError as exc:
             self._fail(exc)
         self.segments.append(new)
@@ -731,12 +787,17 @@ class Log:
         segs = [s for s in segs if s.fd >= 0]
         if not segs:
             return
-        upto, generation = segs[-1].next_offset, self._generation
+        upto, generation, dir_changes = segs[-1].next_offset, self._generation, self._dir_changes
         fds = [os.dup(s.fd) for s in segs]  # a deletion meanwhile closes the originals, not these
         for s in segs:
             for path in (ix.offset_index_path(s.dir, s.base_offset), ix.time_index_path(s.dir, s.base_offset)):
                 with contextlib.suppress(FileNotFoundError):
                     fds.append(os.open(path, os.O_RDONLY))
+        if dir_changes != self._dir_synced:
+            # after the files: the directory holds the entries of the segments just rolled and their
+            # successors (a directory renamed away for deletion meanwhile needs none: Kafka's flushDirIfExists)
+            with contextlib.suppress(FileNotFoundError):
+                fds.append(os.open(self.dir, os.O_RDONLY))
         try:
             await asyncio.to_thread(_fsync_all, fds)
         except OSError as exc:
@@ -744,6 +805,7 @@ class Log:
         finally:
             for fd in fds:
                 os.close(fd)
+        self._dir_synced = max(self._dir_synced, dir_changes)
         if generation != self._generation:
             return  # truncated meanwhile: those segments may hold new, unflushed data
         for s in segs:
@@ -775,12 +837,20 @@ class Log:
             for seg in self.segments:
                 if seg.unflushed:
                     seg.flush()
+            self._sync_dir()
         except OSError as exc:
             self._fail(exc)
         self._rolled_unflushed = []
         self.recovery_point = self.log_end_offset
         self._unflushed_messages = 0
         self._last_flush_ms = self.clock.monotonic_ms()
+
+    def _sync_dir(self) -> None:
+        """fsync the partition directory if a segment was created since the last time (``_dir_changes``)."""
+        changes = self._dir_changes
+        if changes != self._dir_synced:
+            checkpoint.fsync_dir(self.dir)
+            self._dir_synced = changes
 
     # ---- truncation and retention --------------------------------------------------------------------------
     def truncate_to(self, offset: int) -> bool:
@@ -814,12 +884,37 @@ class Log:
             self.truncate_fully_and_start_at(offset)
             return True
         self._after_truncation(self.segments[-1].next_offset)
-        # No log scan: the cut batches leave the cache; a producer left with none is forgotten (why that
-        # cannot append a retry twice: ProducerStateManager.truncate_from).
-        self.producer_state.truncate_from(self.log_end_offset)
-        self._log.info("log_truncated", offset=self.log_end_offset, previous_offset=old_leo,
-                       leader_epoch=self.epoch_cache.latest_epoch())
+        self._reload_producer_state()
+        # ``log_truncated`` is the broker's event (replica_manager, with the reason); this is the storage detail
+        self._log.debug("segments_truncated", offset=self.log_end_offset, previous_offset=old_leo,
+                        leader_epoch=self.epoch_cache.latest_epoch())
         return True
+
+    def _reload_producer_state(self) -> None:
+        """The producer state after a truncation, as Kafka's ``UnifiedLog.truncateTo``
+        (``ProducerStateManager.truncateAndReload``, then ``loadProducerState``): the snapshots above the cut
+        are gone already, so the newest one at or below it is loaded and the batch headers from there to the
+        new LEO are replayed (``_load_producer_state``, as at open). Dropping only the cut batches from the
+        cache is not enough: a producer whose cached batches were all cut would be forgotten although older
+        batches of it remain, so this replica would accept a sequence gap from it as leader and its state
+        would differ from a replica that never had the cut batches.
+
+        The replay reads every batch header from that snapshot (the last roll) to the cut, ~2.6 us a batch
+        (100,000 one-record batches: 260 ms on the event loop), so it runs only when needed, where Kafka
+        always replays on its fetcher thread: not while there is no producer and no snapshot (a log no
+        idempotent producer writes to), and not when every producer with a cut batch keeps at least one
+        cached batch (``ProducerStateManager.truncate_from`` drops the cut ones). A producer that expired
+        with batches still in the log comes back from the replay, as in Kafka; it expires again."""
+        if not self.producer_state and not self._snapshots:
+            return
+        if self.producer_state.truncate_from(self.log_end_offset):
+            return
+        self.producer_state.clear()
+        self._snapshots = []
+        try:
+            self._load_producer_state()
+        except OSError as exc:
+            self._fail(exc)
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete everything; the log restarts empty at ``offset`` (a follower far behind the leader)."""
@@ -832,6 +927,7 @@ class Log:
                 self._pending_deletions += seg.delete(defer=self.defer_file_deletion)
             self.segments = [LogSegment.create(self.dir, offset, self.config.index_interval_bytes,
                                                self.clock.now_ms())]
+            self._dir_changes += 1
         except OSError as exc:
             self._fail(exc)
         self._bases = [offset]

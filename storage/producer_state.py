@@ -30,8 +30,11 @@ Producers are forgotten only when they expire (Kafka's
 run by the ``LogManager`` tick), never because retention moved the log start
 past their batches (Kafka's ``onLogStartOffsetIncremented`` keeps them too): a
 retry of a batch that retention deleted must still be a duplicate. A
-truncation drops the cut batches from the cache (``truncate_from``); a
-producer left with none is forgotten. ``Log`` persists the state with
+truncation drops the cut batches from the cache (``truncate_from``); when that
+would leave a producer with none, ``Log`` rebuilds the state instead (newest
+snapshot at or below the cut, then the batch headers after it), as Kafka's
+``truncateAndReload`` always does: the producer's older batches may remain.
+``Log`` persists the state with
 ``encode_snapshot`` at every roll and clean close (Kafka's ``.snapshot`` files)
 and ``Log.open`` loads the newest usable one and replays only the batches after it.
 """
@@ -243,30 +246,25 @@ class ProducerStateManager:
             del self._producers[pid]
         return len(gone)
 
-    def truncate_from(self, offset: int) -> int:
+    def truncate_from(self, offset: int) -> bool:
         """Drop every cached batch ending at or after ``offset`` (a truncation of the log to ``offset``, a
-        batch boundary); forget a producer left with none. -> how many producers were forgotten.
-
-        No log scan brings back the producer's older batches (Kafka's ``truncateAndReload`` reloads a
-        snapshot and replays the log instead). A forgotten producer is accepted at any sequence, which
-        cannot append a batch twice: a producer retries only its one in-flight request (one request per
-        partition at a time, each batch stamped once), whose batches, where appended, are its latest ones
-        and so among the cached (at most 5 per request = the cache size). If every cached batch was cut,
-        everything of that request that was in this log was cut too; the producer's older batches were all
-        answered and are never sent again. The retry is appended once by whichever replica leads (its
-        state then caches it), and a replica that follows copies the leader's batches with their
-        sequences."""
-        forgotten = 0
-        for pid, e in list(self._producers.items()):
+        batch boundary), unless that would leave a producer with no cached batch: then nothing changes and
+        False says the state must be rebuilt from the log (``Log._reload_producer_state``), since that
+        producer's older batches may remain. A producer keeping some of its cached batches is right as it is
+        for everything a producer can send: it retries only its one request in flight, whose batches, where
+        appended here, are its latest and so among those kept; its next sequence follows the last kept."""
+        kept: dict[int, tuple[BatchMetadata, ...]] = {}
+        for pid, e in self._producers.items():
             if e.last_offset < offset:
                 continue
-            kept = tuple(m for m in e.batches if m.last_offset < offset)
-            if kept:
-                self._producers[pid] = ProducerEntry(pid, e.epoch, kept, e.last_timestamp)
-            else:
-                del self._producers[pid]
-                forgotten += 1
-        return forgotten
+            left = tuple(m for m in e.batches if m.last_offset < offset)
+            if not left:
+                return False
+            kept[pid] = left
+        for pid, batches in kept.items():
+            e = self._producers[pid]
+            self._producers[pid] = ProducerEntry(pid, e.epoch, batches, e.last_timestamp)
+        return True
 
     def load(self, entries: Iterable[ProducerEntry]) -> None:
         """Replace the state with ``entries`` (from a snapshot)."""

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from common.clock import Clock
 from storage import index as ix
+from storage.epoch_cache import LeaderEpochCache
 from storage.index import IndexRule, SparseIndex
 from storage.record_batch import (
     HEADER_SIZE,
@@ -36,7 +37,6 @@ from storage.record_batch import (
 )
 
 SCAN_CHUNK_BYTES = 8 * 1024
-EpochLookup = Callable[[int], int | None]
 
 
 BatchMeta = tuple[int, int, int, int]
@@ -50,6 +50,10 @@ class RecoveryResult:
     truncated_bytes: int
     batches: int
     reason: str | None
+    # base offset of the first validated batch whose leader epoch is not the one the epoch cache gives for
+    # it (None: all agree, or no cache given): the cache, not the batch, is then wrong (see ``recover``)
+    epoch_mismatch: int | None = None
+    last_epoch: int = -1  # leader epoch of the last batch kept (the ``prev_epoch`` given if none)
 
 
 def log_path(dir: Path, base: int) -> Path:
@@ -97,11 +101,13 @@ class LogSegment:
 
     @classmethod
     def open_existing(cls, dir: Path, base: int, index_interval_bytes: int, now_ms: int,
-                      epoch_of: EpochLookup | None = None) -> tuple[LogSegment, RecoveryResult | None]:
+                      epochs: LeaderEpochCache | None = None,
+                      prev_epoch: Callable[[], int] | None = None) -> tuple[LogSegment, RecoveryResult | None]:
         """Open a segment below the recovery point without validating its batches, trusting its
         indexes if they pass the sanity checks (sorted, in range, last entry points at a batch with
         that offset, the tail after it parses to the end of the file). Otherwise the segment is
-        recovered like one past the recovery point, which rebuilds the indexes; that result is returned."""
+        recovered like one past the recovery point, which rebuilds the indexes; that result is returned
+        (``prev_epoch()``: the leader epoch of the batch before the segment, asked only then)."""
         fd = os.open(log_path(dir, base), os.O_RDWR | os.O_APPEND)
         seg = cls(dir, base, fd, index_interval_bytes, now_ms)
         try:
@@ -112,7 +118,7 @@ class LogSegment:
                 seg.offsets, seg.times = offsets, times
                 if seg.reload_tail():
                     return seg, None
-            return seg, seg.recover(epoch_of)
+            return seg, seg.recover(epochs, prev_epoch=prev_epoch() if prev_epoch is not None else -1)
         except BaseException:
             os.close(fd)
             raise
@@ -144,12 +150,15 @@ class LogSegment:
         self.first_batch_timestamp = self.header_at(0).max_timestamp if self.size else None
         return True
 
-    def recover(self, epoch_of: EpochLookup | None = None, from_offset: int | None = None) -> RecoveryResult:
+    def recover(self, epochs: LeaderEpochCache | None = None, from_offset: int | None = None,
+                prev_epoch: int = -1) -> RecoveryResult:
         """Validate every batch (length, magic, CRC, count, offset continuity, epoch); cut the rest.
 
-        ``epoch_of(offset)`` is the leader epoch the epoch cache says covers
-        ``offset`` (None when unknown): base_offset and partition_leader_epoch
-        are outside the CRC, so continuity and the epoch cache guard them.
+        base_offset and partition_leader_epoch are outside the CRC: offset continuity guards the first,
+        ``epoch_cut`` the second (``prev_epoch``: the leader epoch of the batch before the segment, -1 if
+        unknown; ``epochs``: the epoch cache as loaded, None to check the order only). A batch whose epoch
+        only disagrees with the cache is kept and reported (``epoch_mismatch``) for the caller to heal the
+        cache, as Kafka's recovery does.
 
         With ``from_offset`` (the recovery point) the batches below it are on
         disk already and trusted: the indexes are loaded (if they pass the sanity
@@ -164,19 +173,30 @@ class LogSegment:
         if from_offset is not None and from_offset > self.base_offset:
             trusted = self._trusted_prefix(from_offset)
             if trusted is not None:
-                pos, expected = trusted
-        count, reason = 0, None
+                pos, expected, prev_epoch = trusted[0], trusted[1], max(prev_epoch, trusted[2])
+        start, start_expected = pos, expected
+        found: list[BatchHeader] = []  # the batches that pass the frame and offset checks, in order
+        reason = None
         if size:
             with mmap.mmap(self.fd, size, access=mmap.ACCESS_READ) as mm:
                 while pos < size:
-                    reason = _check(mm, pos, expected, epoch_of)
+                    reason = _check(mm, pos, expected)
                     if reason is not None:
                         break
                     h = parse_header(mm, pos)
-                    self.rule.on_batch(self.offsets, self.times, h.base_offset, pos, h.size, h.max_timestamp)
+                    found.append(h)
                     pos += h.size
                     expected = h.next_offset
-                    count += 1
+        keep, epoch_reason, mismatch = epoch_cut([h.partition_leader_epoch for h in found],
+                                                 [h.base_offset for h in found], prev_epoch, epochs)
+        pos, expected = start, start_expected
+        for h in found[:keep]:
+            self.rule.on_batch(self.offsets, self.times, h.base_offset, pos, h.size, h.max_timestamp)
+            pos += h.size
+            expected = h.next_offset
+            prev_epoch = h.partition_leader_epoch
+        if keep < len(found):
+            reason = f"batch at {pos}: {epoch_reason}"
         if pos < size:
             os.ftruncate(self.fd, pos)
             os.fsync(self.fd)
@@ -184,11 +204,12 @@ class LogSegment:
         self.next_offset = expected
         self.first_batch_timestamp = self.header_at(0).max_timestamp if pos else None
         self.persist_indexes(fsync=True)
-        return RecoveryResult(pos, size - pos, count, reason)
+        return RecoveryResult(pos, size - pos, keep, reason, mismatch, prev_epoch)
 
-    def _trusted_prefix(self, from_offset: int) -> tuple[int, int] | None:
-        """Load the indexes and skip the batches below ``from_offset``: (position, next offset) where
-        validation starts, with the index state set as appends left it there; None to validate all."""
+    def _trusted_prefix(self, from_offset: int) -> tuple[int, int, int] | None:
+        """Load the indexes and skip the batches below ``from_offset``: (position, next offset, leader epoch
+        of the batch before) where validation starts (-1: epoch unknown), with the index state set as
+        appends left it there; None to validate all."""
         base = self.base_offset
         offsets = ix.load_offset_index(ix.offset_index_path(self.dir, base), base, self.size)
         times = ix.load_time_index(ix.time_index_path(self.dir, base), base, offsets) if offsets is not None else None
@@ -201,14 +222,15 @@ class LogSegment:
         start = offsets.values[-1] if offsets else 0
         pos, expected = start, (offsets.keys[-1] if offsets else base)
         max_ts = times.keys[-1] if times else ix.NO_TIMESTAMP
+        epoch = -1
         for p, h in self.scan(start):
             if h.base_offset >= from_offset or h.base_offset != expected:
                 break
             max_ts = max(max_ts, h.max_timestamp)
-            pos, expected = p + h.size, h.next_offset
+            pos, expected, epoch = p + h.size, h.next_offset, h.partition_leader_epoch
         self.offsets, self.times = offsets, times
         self.rule = IndexRule(self.index_interval_bytes, pos - start, max_ts)
-        return pos, expected
+        return pos, expected, epoch
 
     # ---- appending -----------------------------------------------------------------------------------------
     def should_roll(self, append_bytes: int, max_timestamp: int, clock: Clock, segment_bytes: int,
@@ -292,6 +314,11 @@ class LogSegment:
                 return
             pos += off
 
+    def last_epoch(self) -> int:
+        """The leader epoch of the last batch (-1 when empty): a scan from the last index entry."""
+        found = self.position_of(self.next_offset - 1) if self.size else None
+        return found[1].partition_leader_epoch if found is not None else -1
+
     def position_of(self, offset: int) -> tuple[int, BatchHeader] | None:
         """The batch holding ``offset`` or the first after it."""
         i = self.offsets.floor(offset)
@@ -304,8 +331,8 @@ class LogSegment:
     def read(self, start: int, max_bytes: int, limit: int, min_one_batch: bool) -> bytes | None:
         """Whole batches from the one holding ``start``: at most ``max_bytes`` (but one if
         ``min_one_batch``), none reaching ``limit`` (exclusive). None if no batch here holds
-        ``start`` or later; b"" if the first batch does not fit."""
-        if start >= self.next_offset:
+        ``start`` or later (an empty segment has none, whatever ``start``); b"" if the first batch does not fit."""
+        if start >= self.next_offset or not self.size:
             return None
         offsets = self.offsets
         positions = offsets.values
@@ -450,18 +477,66 @@ def _walk(buf: bytes, start: int, max_bytes: int, limit: int, min_one_batch: boo
     return first, end
 
 
-def _check(buf: mmap.mmap, pos: int, expected: int, epoch_of: EpochLookup | None) -> str | None:
+def _check(buf: mmap.mmap, pos: int, expected: int) -> str | None:
     try:
         h = check_frame(buf, pos)
     except InvalidBatchError as exc:
         return f"{type(exc).__name__}: {exc}"
     if h.base_offset != expected:
         return f"batch at {pos}: base_offset {h.base_offset}, expected {expected}"
-    if epoch_of is not None:
-        want = epoch_of(h.base_offset)
-        if want is not None and h.partition_leader_epoch != want:
-            return f"batch at {pos}: leader epoch {h.partition_leader_epoch}, epoch cache says {want}"
     return None
+
+
+def epoch_cut(batch_epochs: Sequence[int], bases: Sequence[int], prev_epoch: int,
+              epochs: LeaderEpochCache | None) -> tuple[int, str | None, int | None]:
+    """How many of the validated batches (their leader epochs and base offsets, in log order, each
+    already past the CRC and offset checks) to keep, why the next one is cut, and the base offset of
+    the first kept batch whose epoch the cache has wrong (None: all agree). Pure.
+
+    The leader epoch is outside the CRC. Three rules, the first two cutting:
+
+    1. Order: epochs never decrease along a log (the appends refuse it), so a batch below the one before
+       it (``prev_epoch`` for the first) is damage, or batches a truncation removed that came back after
+       a power loss because the cut was not on disk. It is cut, unless the batch before it is the odd one
+       out (its own epoch against the cache, the cut one's agreeing): then that one goes (a damaged epoch
+       raised above the next batch's).
+    2. A new epoch: the cache (its checkpoint) is fsynced before the first batch of a new epoch is
+       written (``Log._leader_epoch_check``, ``Log._follow_epochs``), so a batch with an epoch above every
+       epoch the cache knows, where the cache agreed with every batch before it, is damage (this is what
+       catches a damaged epoch in the last batch, which rule 1 cannot see).
+    3. Any other disagreement with the cache is the cache's fault and cuts nothing: a damaged or stale
+       checkpoint must not delete valid, CRC-checked data (a checkpoint saying ``5 14`` where epoch 5
+       starts at 10 once cut offsets 10-19 here). Kafka's ``LogSegment.recover`` never cuts on epochs:
+       it assigns each recovered batch's epoch to the cache, which heals it; the caller does that here
+       (``Log._rebuild_epochs``) when a mismatch is returned. Rules 1 and 2 are this log's additions to
+       Kafka, which leaves a damaged epoch in place; they never fire on a log the appends wrote.
+    """
+    latest = epochs.latest_epoch() if epochs is not None else None
+    agreed = [_agrees(epochs, e, b) for e, b in zip(batch_epochs, bases, strict=True)]
+    mismatch = None
+    for i, epoch in enumerate(batch_epochs):
+        before = batch_epochs[i - 1] if i else prev_epoch
+        if epoch < before:
+            if i and agreed[i] and not agreed[i - 1]:
+                return i - 1, f"leader epoch {before} above the {epoch} after it, and not the cache's", \
+                    _first_mismatch(agreed[:i - 1], bases)
+            return i, f"leader epoch {epoch} below {before} before it", mismatch
+        if latest is not None and epoch > latest and all(agreed[:i]):
+            return i, f"leader epoch {epoch} above every epoch in the cache (latest {latest})", mismatch
+        if mismatch is None and not agreed[i]:
+            mismatch = bases[i]
+    return len(batch_epochs), None, mismatch
+
+
+def _agrees(epochs: LeaderEpochCache | None, epoch: int, base: int) -> bool:
+    """Whether the cache says ``epoch`` covers ``base`` (True where it knows nothing: no cache, an unstamped
+    batch, an offset below its first entry, which is the log start)."""
+    want = epochs.epoch_for_offset(base) if epochs is not None and epoch >= 0 else None
+    return want is None or want == epoch
+
+
+def _first_mismatch(agreed: Sequence[bool], bases: Sequence[int]) -> int | None:
+    return next((bases[i] for i, ok in enumerate(agreed) if not ok), None)
 
 
 def _write_rest(fd: int, rest: bytes) -> None:

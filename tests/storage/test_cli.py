@@ -54,7 +54,8 @@ def test_dump_log_reports_offsets_that_do_not_follow_on(tmp_path: Path, capsys: 
     assert hole_after < flagged[0]["base_offset"] - 1
     assert f"{hole_after} is followed by {flagged[0]['base_offset']}" in err
 
-    stepped = tmp_path / "stepped.log"
+    (tmp_path / "stepped").mkdir()
+    stepped = tmp_path / "stepped" / f"{0:020d}.log"
     stepped.write_bytes(segs[2].read_bytes() + segs[0].read_bytes())
     assert main(["dump-log", str(stepped)]) == 1
     out, err = capsys.readouterr()
@@ -102,6 +103,26 @@ def test_dump_log_reads_only_segment_files_and_says_when_there_are_none(
     (empty / f"{0:020d}.log").mkdir()  # a directory with a segment's name holds no batches either
     assert main(["dump-log", str(empty)]) == 2
     assert "no segment files" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["leader-epoch-checkpoint", "00000000000000000000.index", "copy.log",
+                                  "0.log", "00000000000000000000.snapshot", "empty.txt"])
+def test_dump_log_refuses_a_file_not_named_as_a_segment(tmp_path: Path, name: str,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    # Kafka's DumpLogSegments decodes by the file name; reading any file as batches printed made-up headers
+    # (a checkpoint's text as a base offset and length), or nothing and success for an empty file
+    pdir = _log_dir(tmp_path, batches=1)
+    other = tmp_path / name
+    if name == "empty.txt":
+        other.touch()
+    elif name == "leader-epoch-checkpoint":
+        other.write_bytes((pdir / name).read_bytes() * 20)  # longer than a batch header
+    else:
+        other.write_bytes((pdir / f"{0:020d}.log").read_bytes())  # even a real segment's bytes
+    capsys.readouterr()
+    assert main(["dump-log", str(other)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "not a segment file" in err and "<20-digit base offset>.log" in err
 
 
 def test_dump_log_refuses_what_is_not_a_file(capsys: pytest.CaptureFixture[str]) -> None:

@@ -540,8 +540,12 @@ def test_damaged_segment_below_recovery_point_is_recovered_not_raised(pdir: Path
     (pdir / logs[1].name.replace(".log", ".index")).unlink()
     logs[0].write_bytes(b"\x01" * 10)  # garbage shorter than a header
     log = Log.open(pdir, LogConfig(segment_bytes=600, index_interval_bytes=50), ManualClock(TS), recovery_point=end)
-    assert log.segments[0].size == 0 and log.segments[1].size > 0
-    assert log.log_end_offset == end  # the later segments are intact
+    # Recovered, not raised; and since the first segment was cut to nothing, the later ones go too (as Kafka's
+    # recoverLog after an invalid batch): keeping them left a hole of offsets that reads skipped over
+    # (test_recovery_keeps_offsets_contiguous_below_the_recovery_point).
+    assert [s.size for s in log.segments] == [0]
+    assert log.log_end_offset == 0
+    log.append_as_leader(batch(1), 1)  # and the log keeps working
     log.close()
 
 
@@ -667,4 +671,58 @@ def test_latest_and_earliest_offsets_with_epoch_zero(pdir: Path) -> None:
     log.append_as_leader(batch(3), 0)
     assert log.fetch_offset_by_timestamp(-1) == TimestampOffset(-1, 3, 0)
     assert log.fetch_offset_by_timestamp(-2) == TimestampOffset(-1, 0, 0)
+    log.close()
+
+
+def test_recovery_keeps_offsets_contiguous_below_the_recovery_point(pdir: Path) -> None:
+    # a segment below the recovery point whose index fails the checks is validated in full; when that cuts it,
+    # the later segments must go too, or offsets 5-9 would be a hole whose reads return offset 10's batches
+    cfg = LogConfig(segment_bytes=600, index_interval_bytes=100)
+    log = Log.open(pdir, cfg, ManualClock(TS))
+    for i in range(30):
+        log.append_as_leader(batch(2, tag=i, size=20), 0)
+    bases = [s.base_offset for s in log.segments]
+    leo = log.log_end_offset
+    assert bases[:2] == [0, 10] and len(bases) > 2
+    log.close()
+    seg = pdir / f"{0:020d}.log"
+    data = bytearray(seg.read_bytes())
+    third = [p for p, _ in iter_batches(data)][2]
+    data[third + 70] ^= 0xFF  # in the CRC-covered records of the batch at offset 4
+    seg.write_bytes(bytes(data))
+    (pdir / f"{0:020d}.index").unlink()  # so the segment is validated although below the recovery point
+    log = Log.open(pdir, cfg, ManualClock(TS), recovery_point=leo)
+    assert [s.base_offset for s in log.segments] == [0]
+    assert log.log_end_offset == 4
+    assert sorted(p.name for p in pdir.glob("*.log")) == [seg.name]
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(5, 1 << 20)
+    log.close()
+
+
+def test_an_empty_segment_holds_no_batch_for_any_offset(pdir: Path) -> None:
+    # an empty segment answers None (nothing here) even for an offset below its base, so Log.read moves on
+    # to the next segment rather than returning nothing for ever
+    from storage.segment import LogSegment
+
+    pdir.mkdir(parents=True)
+    seg = LogSegment.create(pdir, 10, 4096, TS)
+    assert seg.read(4, 1 << 20, 100, True) is None
+    assert seg.read(10, 1 << 20, 100, True) is None
+    seg.close()
+
+
+def test_a_truncation_logs_segments_truncated_at_debug_not_the_brokers_log_truncated(
+        pdir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # ``log_truncated`` (info) is the replica manager's event, with the reason; the storage detail is separate
+    import logging
+
+    log = open_log(pdir)
+    log.append_as_leader(batch(2), 0)
+    log.append_as_leader(batch(2), 0)
+    caplog.set_level(logging.DEBUG, logger="storage.log")
+    log.truncate_to(2)
+    events = [(r.getMessage().split()[0], r.levelname) for r in caplog.records if r.name == "storage.log"]
+    assert events == [("segments_truncated", "DEBUG")]
+    assert "offset=2 previous_offset=4 leader_epoch=0" in caplog.records[-1].getMessage()
     log.close()

@@ -14,7 +14,7 @@ from common.errors import ErrorCode
 from common.wire import TopicPartition
 from storage.log import Log, LogConfig, snapshot_path
 from storage.log_manager import PRODUCER_EXPIRATION_CHECK_INTERVAL_MS, LogManager
-from storage.producer_state import ProducerStateError
+from storage.producer_state import OutOfOrderSequenceError, ProducerStateError
 from storage.record_batch import build_batch, iter_batches
 from tests.storage.helpers import TS, batch, open_log
 
@@ -108,6 +108,8 @@ def test_truncation_keeps_the_producers_older_cached_batches(pdir: Path) -> None
         log.append_as_leader(ibatch(seq), 0)
     log.truncate_to(10)  # cuts sequences 10-13
     entry = log.producer_state.entry(PID)
+    # the producer keeps cached batches, so only the cut ones leave (no header read; Kafka would replay the
+    # log and hold 0-8): what it can still retry is among them
     assert entry is not None and [m.first_seq for m in entry.batches] == [4, 6, 8]
     assert log.append_as_leader(ibatch(8), 0).duplicate  # a surviving batch: a duplicate
     retry = log.append_as_leader(ibatch(10), 0)  # a cut one: appended, once
@@ -117,27 +119,51 @@ def test_truncation_keeps_the_producers_older_cached_batches(pdir: Path) -> None
     log.close()
 
 
-def test_truncation_of_all_a_producers_cached_batches_forgets_it(pdir: Path) -> None:
+def test_truncation_of_all_a_producers_cached_batches_reloads_its_older_ones(pdir: Path) -> None:
+    # The cache held sequences 4-13 only; the truncation cuts them all but leaves 0-3 in the log. Forgetting
+    # the producer (as this log once did) let it be accepted at any sequence, a gap included, and its state
+    # differ from a replica that never had the cut batches. As Kafka's truncateAndReload, it is rebuilt from
+    # the log: its batches 0-3 are back; pid 9, whose only batch was cut, is gone.
     log = open_log(pdir)
     for seq in range(0, 14, 2):
         log.append_as_leader(ibatch(seq), 0)
     log.append_as_leader(ibatch(0, pid=9), 0)  # offsets 14-15
-    log.truncate_to(4)  # keeps sequences 0-3 in the log, but the cache held 4-13: no log scan brings them back
-    assert log.producer_state.entry(PID) is None and log.producer_state.entry(9) is None
-    retry = log.append_as_leader(ibatch(4), 0)  # an unknown producer: accepted, then cached
+    log.truncate_to(4)
+    entry = log.producer_state.entry(PID)
+    assert entry is not None and [m.first_seq for m in entry.batches] == [0, 2]
+    assert log.producer_state.entry(9) is None
+    with pytest.raises(OutOfOrderSequenceError):
+        log.append_as_leader(ibatch(8), 0)  # a gap: 4 is next
+    assert log.append_as_leader(ibatch(2), 0).duplicate
+    retry = log.append_as_leader(ibatch(4), 0)  # the cut one: appended, once
     assert (retry.duplicate, retry.first_offset) == (False, 4)
     assert log.append_as_leader(ibatch(4), 0).duplicate
     log.close()
 
 
-def test_truncation_reads_no_batch_header(pdir: Path) -> None:
-    """The first segment's bytes are lost (zeroed on disk) before a truncation in the last one: a rebuild
-    from the headers would find none of the producer's batches there; the cache keeps them."""
+def test_a_truncated_replica_has_the_state_of_one_that_never_had_the_cut_batches(tmp_path: Path) -> None:
+    leader, follower = open_log(tmp_path / "a-0"), open_log(tmp_path / "b-0")
+    for seq in range(5):
+        leader.append_as_leader(ibatch(seq, n=1), 0)
+    follower.append_as_follower(leader.read(0, 1 << 20).records)
+    leader.append_as_leader(b"".join(ibatch(seq, n=1) for seq in range(5, 10)), 0)  # only the old leader
+    leader.truncate_to(5)  # it follows the replica that never had them
+    assert leader.producer_state.entries() == follower.producer_state.entries()
+    leader.close()
+    follower.close()
+
+
+def test_truncation_reads_no_batch_header_below_the_newest_snapshot(pdir: Path) -> None:
+    """The first segment's bytes are lost (zeroed on disk) before a truncation in the last one. A truncation
+    does replay batch headers, as Kafka's truncateAndReload + loadProducerState does, but only from the
+    newest snapshot at or below the cut (taken at the roll, at offset 4): the zeroed segment is never read,
+    and the producer's batches there come from the snapshot."""
     log = open_log(pdir, segment_bytes=200)
     log.append_as_leader(ibatch(0), 0)
     log.append_as_leader(ibatch(2), 0)
     log.roll()
     log.append_as_leader(ibatch(4), 0)  # offsets 4-5, in the second segment
+    assert snapshot_path(pdir, 4).exists()
     first = sorted(pdir.glob("*.log"))[0]
     first.write_bytes(bytes(first.stat().st_size))
     log.truncate_to(4)

@@ -175,18 +175,6 @@ def test_producers_expire_after_their_last_append_only() -> None:
     assert s.check([b(7, 2, pid=9, offset=300)], 1) is None  # unknown again: any sequence
 
 
-def test_truncate_from_drops_cut_batches_and_forgets_producers_left_with_none() -> None:
-    s = state_with(*SIX, b(0, 1, pid=9, offset=125), b(0, 1, pid=8, offset=90))
-    # SIX is at offsets 100-101, 110-111, ... 150-151; the cache holds 110..151
-    assert s.truncate_from(130) == 0  # cuts PID's 130.., not pid 9's batch at 125
-    assert s.entry(9) is not None and s.entry(8) is not None
-    entry = s.entry(PID)
-    assert entry is not None and [m.first_offset for m in entry.batches] == [110, 120]
-    assert entry.last_seq == 5 and s.check([b(6, 2, offset=130)], 1) is None
-    assert s.truncate_from(105) == 2  # PID's cached batches (110, 120) and pid 9 (125) are all cut
-    assert s.entry(PID) is None and s.entry(9) is None and s.entry(8) is not None
-
-
 def test_a_snapshot_round_trips_and_damage_is_detected() -> None:
     s = ProducerStateManager()
     s.apply(SIX, 123)
