@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,26 @@ AUDIT_EXIT_STATUS = ("Exit status: 0 no violation, 1 a violation found, 2 a usag
 # before a JVM starts only to refuse it with a stack trace. yarn and k8s:// are parsed by their cluster managers.
 SPARK_MASTER_RE = re.compile(r"local|local\[(\d+|\*)\]|local\[(\d+|\*)\s*,\s*\d+\]"
                              r"|local-cluster\[\s*\d+\s*,\s*\d+\s*,\s*\d+\s*\]|spark://.+|yarn|k8s://.+")
+
+
+AUDIT_EXTRA = ("pyarrow", "pyspark", "py4j")  # the optional ``audit`` extra (py4j comes with pyspark)
+
+
+@contextlib.contextmanager
+def audit_extra(command: str) -> Iterator[None]:
+    """Imports of the optional ``audit`` extra: without it, one line naming the install command (exit 2, an
+    environment error, as for the CLI's other unusable-environment errors) instead of a traceback. An
+    ImportError of any other module is a bug and goes on as one."""
+    from cli.main import CliError
+
+    try:
+        yield
+    except ImportError as exc:
+        root = (exc.name or "").partition(".")[0]
+        if root not in AUDIT_EXTRA:
+            raise
+        raise CliError(f"minibroker {command} needs the audit extra ({root} is not installed): "
+                       "pip install 'minibroker[audit]'") from None
 
 
 def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAction[Any]) -> None:
@@ -59,9 +80,11 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
 def run_export(args: argparse.Namespace) -> int:
     import os
 
-    from audit.export import ExportError, export
     from cli.main import CliError
     from common.logging import configure
+
+    with audit_extra("export"):
+        from audit.export import ExportError, export
 
     # stdout's summary is the output; the export's events (export_done, each damaged region, which the
     # summary counts and damaged.parquet lists) are info: on stderr only with MINIBROKER_LOG_LEVEL=INFO
@@ -148,8 +171,10 @@ def _one_line(exc: BaseException) -> str:
 
 
 def run_audit_command(args: argparse.Namespace) -> int:
-    from audit import schema
     from cli.main import CliError
+
+    with audit_extra("audit"):
+        from audit import schema
 
     if args.evidence_rows < 1:
         raise CliError("--evidence-rows must be at least 1")
@@ -161,11 +186,12 @@ def run_audit_command(args: argparse.Namespace) -> int:
     if args.report is not None:
         check_report_path(args.report)
     conf = _conf(args.conf)
-    from py4j.protocol import Py4JError
-    from pyspark.errors import PySparkException
-    from pyspark.sql import SparkSession
+    with audit_extra("audit"):
+        from py4j.protocol import Py4JError
+        from pyspark.errors import PySparkException
+        from pyspark.sql import SparkSession
 
-    from audit.spark_audit import build_session, format_summary, run_audit, write_report
+        from audit.spark_audit import build_session, format_summary, run_audit, write_report
 
     # Called in-process next to a running session (tests, notebooks): use it and leave it running.
     existing = SparkSession.getActiveSession()

@@ -19,7 +19,10 @@ records do not decode ends the scan of that segment file and becomes a
 ``damaged`` row (``corrupt_batch`` / ``bad_records``); the scan goes on with
 the next segment. An incomplete batch at the end of a partition's last segment
 is a ``torn_tail`` (what a kill mid-append leaves; recovery truncates it),
-anywhere else it is ``corrupt_batch``. Unreadable checkpoints are
+unless its length claims more than any broker writes (``MAX_BATCH_BYTES``) or
+a whole valid batch follows it (``_tail_kind``); then, and anywhere else, it is
+``corrupt_batch``. A ``replication-offset-checkpoint`` absent from a broker whose
+partitions hold records is ``missing_checkpoint`` (``missing_hw_checkpoint``). Unreadable checkpoints are
 ``bad_checkpoint`` rows and their values are unknown (-1). Numbers that do not
 fit their Parquet column (int64 offsets and times, int32 partitions, epochs and
 broker ids) count as unreadable: such a checkpoint is ``bad_checkpoint``, such a
@@ -81,6 +84,7 @@ from storage.log import opened_log_start, parse_topic_partition
 from storage.producer_state import increment_sequence
 from storage.record_batch import (
     HEADER_SIZE,
+    MAGIC,
     MIN_BATCH_LENGTH,
     BatchHeader,
     InvalidBatchError,
@@ -101,6 +105,7 @@ CONTROLLER_DIR = "controller"  # the controller's data dir in a cluster director
 BROKER_DIR_RE = re.compile(r"^broker-(\d+)$", re.ASCII)
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MAGIC_OFFSET = 16  # the magic byte's position in a batch header (storage.record_batch)
 
 
 class ExportError(ValueError):
@@ -139,6 +144,7 @@ class ExportSummary:
     torn_tails: int = 0
     sends: int = 0
     polls: int = 0
+    history_torn_lines: int = 0
     history_files: list[str] = field(default_factory=list)
     assignments: int | None = None  # partitions in the controller's metadata; None without metadata
     metadata_note: str = ""
@@ -147,7 +153,10 @@ class ExportSummary:
         return [f"exported {self.records} records of {self.replicas} replicas on brokers "
                 f"{', '.join(map(str, self.brokers)) or '-'} to {self.out}",
                 f"history: {self.sends} sends, {self.polls} polls from "
-                f"{', '.join(self.history_files) or 'no history file'}",
+                f"{', '.join(self.history_files) or 'no history file'}"
+                + (f" ({self.history_torn_lines} torn last line(s) skipped)" if self.history_torn_lines else "")
+                + (" -- no sends: nothing to check the writes against" if self.history_files and not self.sends
+                   else ""),
                 f"controller metadata: {self.assignments} partition assignments" if self.assignments is not None
                 else self.metadata_note,
                 f"damaged regions: {self.damaged} (torn tails: {self.torn_tails})"
@@ -306,6 +315,13 @@ def _record_rows(broker: int, tp: TopicPartition, segment: str, pos: int, h: Bat
     return rows
 
 
+# The largest batch a broker can write: a leader takes batches only from a Produce body, which the server
+# refuses above ``broker.server.MAX_BODY_BYTES`` (64 MiB; a test keeps the two equal), and a follower copies
+# the leader's batches. ``message.max.bytes`` and ``segment.bytes`` are lower by default but configurable up
+# to 2**31-1, so they bound nothing the export can rely on.
+MAX_BATCH_BYTES = 64 * 1024 * 1024
+
+
 def _incomplete(buf: Any, pos: int) -> str | None:
     """Why the bytes at ``pos`` are not a whole batch, or None if they frame one."""
     left = len(buf) - pos
@@ -319,6 +335,47 @@ def _incomplete(buf: Any, pos: int) -> str | None:
     return None
 
 
+def _whole_batch_after(buf: Any, pos: int, next_offset: int) -> int | None:
+    """The position of the first whole, valid batch (``check_frame``: length, magic, CRC, count) that starts
+    after ``pos`` and continues the log (its base offset at least ``next_offset``), or None.
+
+    A partial last write is a prefix of the batches one append wrote: no whole batch can follow its start.
+    One that does means the length field at ``pos`` lies (a flipped bit), not that the write was cut. Only
+    positions whose magic byte is right are framed (``mmap.find``), so the scan stays cheap."""
+    magic = bytes([MAGIC])
+    q = buf.find(magic, pos + 1 + MAGIC_OFFSET)
+    while q != -1:
+        start = q - MAGIC_OFFSET
+        if len(buf) - start < HEADER_SIZE:
+            return None
+        header = parse_header(buf, start)
+        if (header.batch_length >= MIN_BATCH_LENGTH and start + header.size <= len(buf)
+                and header.base_offset >= next_offset):
+            try:
+                check_frame(buf, start)
+                return int(start)
+            except InvalidBatchError:
+                pass
+        q = buf.find(magic, q + 1)
+    return None
+
+
+def _tail_kind(buf: Any, pos: int, next_offset: int, torn: str) -> tuple[str, str]:
+    """(kind, error) of an incomplete batch at ``pos`` in a partition's last segment: a ``torn_tail`` (a
+    partial last write, informational) unless its length field claims more than any broker writes or a
+    whole valid batch follows it (then the length is damaged: ``corrupt_batch``)."""
+    if len(buf) - pos < HEADER_SIZE:
+        return "torn_tail", torn
+    header = parse_header(buf, pos)
+    if header.size > MAX_BATCH_BYTES:
+        return "corrupt_batch", (f"{torn}: batch_length claims {header.size} bytes, more than the largest batch a "
+                                 f"broker writes ({MAX_BATCH_BYTES})")
+    after = _whole_batch_after(buf, pos, next_offset) if header.batch_length >= MIN_BATCH_LENGTH else None
+    if after is not None:
+        return "corrupt_batch", f"{torn}, but a whole valid batch starts at {after}: the batch length is damaged"
+    return "torn_tail", torn
+
+
 def scan_segment(scan: ReplicaScan, path: Path, *, last: bool) -> Iterator[dict[str, Any]]:
     """Record rows of one segment file; damage is appended to ``scan.damage``."""
     size = path.stat().st_size
@@ -329,8 +386,9 @@ def scan_segment(scan: ReplicaScan, path: Path, *, last: bool) -> Iterator[dict[
         while pos < size:
             torn = _incomplete(buf, pos)
             if torn is not None:
-                scan.damage.append(Damage(scan.broker, scan.tp, path, pos,
-                                          "torn_tail" if last else "corrupt_batch", torn))
+                expected = scan.next_offset if scan.next_offset is not None else 0
+                kind, error = _tail_kind(buf, pos, expected, torn) if last else ("corrupt_batch", torn)
+                scan.damage.append(Damage(scan.broker, scan.tp, path, pos, kind, error))
                 return
             try:
                 header = check_frame(buf, pos)
@@ -411,6 +469,27 @@ def read_checkpoints(b: BrokerDir, damage: list[Damage]) -> Checkpoints:
             return {}
 
     return Checkpoints(one(HW_CHECKPOINT), one(RECOVERY_CHECKPOINT), one(LOG_START_CHECKPOINT))
+
+
+def missing_hw_checkpoint(b: BrokerDir, records: int) -> Damage | None:
+    """A ``missing_checkpoint`` damage row when the broker's partition dirs hold ``records`` but its
+    ``replication-offset-checkpoint`` does not exist.
+
+    ``storage.checkpoint.read_offsets`` reads an absent file as empty, so every replica of that broker would
+    get HW -1, commit nothing and drop out of ``replica_divergence`` and ``inconsistent_offsets`` without a
+    word. A broker writes the file every ``replica.high.watermark.checkpoint.interval.ms`` (5 s) and on every
+    graceful shutdown (``ReplicaManager.shutdown``), empty partitions included, and never deletes it; chaos
+    runs and ``cluster down`` stop brokers gracefully before the export. So with records present, the file
+    is absent only if someone removed it, or if the broker was SIGKILLed (or is being exported live) before
+    its first checkpoint and was never stopped gracefully since: an export of such a cluster is not the
+    normal flow, and the audit failing on it (naming the file) is better than comparing nothing silently.
+    A broker without records needs no HW and gets no row."""
+    path = b.path / HW_CHECKPOINT
+    if records == 0 or path.exists():  # (a dangling symlink reads as absent too)
+        return None
+    return Damage(b.broker_id, None, path, 0, "missing_checkpoint",
+                  f"{HW_CHECKPOINT} is absent but the broker's partition dirs hold {records} records: its HWs "
+                  "are unknown (-1), so its replicas commit nothing and are not compared")
 
 
 def _log_start(checkpointed: int | None, first_base: int | None, leo: int) -> int:
@@ -588,16 +667,23 @@ def export_brokers(brokers: list[BrokerDir], out: Path, summary: ExportSummary) 
                 log.info("export_damage_found", broker_id=b.broker_id, file=str(b.path / META_FILE),
                          kind="bad_checkpoint", error=b.meta_error)
             cps = read_checkpoints(b, damage)
+            held = 0  # records in this broker's partition dirs
             for tp, pdir in partition_dirs(b.path):
                 scan, rows = scan_partition(b.broker_id, tp, pdir)
                 for row in rows:
                     records.add(row)
                 replicas.append(replica_row(b, scan, pdir, cps))
+                held += scan.records
                 damage += scan.damage
                 for d in scan.damage:
                     log.info("export_damage_found", broker_id=b.broker_id, topic=tp.topic,
                              partition=tp.partition, file=str(d.file), position=d.position, kind=d.kind,
                              error=d.error)
+            missing = missing_hw_checkpoint(b, held)
+            if missing is not None:
+                damage.append(missing)
+                log.info("export_damage_found", broker_id=b.broker_id, file=str(missing.file),
+                         kind=missing.kind, error=missing.error)
     finally:
         records.close()
     schema.write_table(out, "replicas", replicas)
@@ -616,6 +702,7 @@ class HistoryRows:
     sends: list[dict[str, Any]]
     polls: list[dict[str, Any]]
     files: list[str]
+    torn_lines: int = 0  # torn last lines skipped (``History.torn_lines``, summed over the files)
 
 
 def process_prefixes(files: list[Path]) -> dict[Path, str]:
@@ -640,6 +727,7 @@ def load_history(history: Path | None) -> HistoryRows | None:
         raise ExportError(f"--history {history}: no file whose name contains 'history'")
     sends: list[dict[str, Any]] = []
     polls: list[dict[str, Any]] = []
+    torn = 0
     prefixes = process_prefixes(files)
     for path in files:
         try:
@@ -647,13 +735,14 @@ def load_history(history: Path | None) -> HistoryRows | None:
         except (HistoryFormatError, OSError) as exc:
             raise ExportError(f"bad history: {exc}") from None
         prefix = prefixes[path]
+        torn += h.torn_lines
         sends += [{"process": prefix + s.process, "seq": s.seq, "topic": s.topic, "partition": s.partition,
                    "offset": s.offset, "key": _utf8(s.key), "value": _utf8(s.value), "outcome": s.outcome.value,
                    "error": s.error, "start_ms": s.start_ms, "time_ms": s.time_ms} for s in h.sends]
         polls += [{"process": prefix + p.process, "seq": p.seq, "topic": p.topic, "partition": p.partition,
                    "offset": p.offset, "key": _utf8(p.key), "value": _utf8(p.value), "time_ms": p.time_ms}
                   for p in h.polls]
-    return HistoryRows(sends, polls, [str(f) for f in files])
+    return HistoryRows(sends, polls, [str(f) for f in files], torn)
 
 
 def export(data_dirs: list[Path], out: Path, *, history: Path | None = None,
@@ -680,6 +769,7 @@ def _write_export(brokers: list[BrokerDir], rows: HistoryRows | None, metadata: 
     summary.sends = schema.write_table(out, "sends", rows.sends if rows else [])
     summary.polls = schema.write_table(out, "polls", rows.polls if rows else [])
     summary.history_files = rows.files if rows else []
+    summary.history_torn_lines = rows.torn_lines if rows else 0
     assignments = schema.write_table(out, "assignments", metadata.assignments or [])
     summary.assignments = assignments if metadata.assignments is not None else None
     summary.metadata_note = metadata.note
@@ -689,7 +779,8 @@ def _write_export(brokers: list[BrokerDir], rows: HistoryRows | None, metadata: 
     summary.damaged = sum(d.kind not in schema.INFORMATIONAL_DAMAGE for d in damage)
     summary.torn_tails = len(damage) - summary.damaged
     schema.write_manifest(out, {
-        "has_history": rows is not None, "brokers": summary.brokers,
+        "has_history": rows is not None, "history_torn_lines": summary.history_torn_lines,
+        "brokers": summary.brokers,
         "has_metadata": metadata.assignments is not None, "metadata_note": metadata.note,
         "sources": [str(b.path) for b in brokers] + [str(d) for d in metadata.sources] + summary.history_files,
         "counts": {"records": summary.records, "replicas": summary.replicas, "damaged": len(damage),

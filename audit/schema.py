@@ -12,14 +12,16 @@ This module is the contract between ``audit.export`` (which writes) and
                       present when the export read controller metadata (``has_metadata``), optional
                       otherwise: exports made before it existed have none, and the audit skips the
                       checks that need it
-``manifest.json``     ``{"format_version", "has_history", "has_metadata", "metadata_note", "brokers",
-                      "counts", "sources"}``; ``metadata_note`` says why there is no metadata
+``manifest.json``     ``{"format_version", "has_history", "history_torn_lines", "has_metadata", "metadata_note",
+                      "brokers", "counts", "sources"}``; ``metadata_note`` says why there is no metadata;
+                      ``history_torn_lines``: torn last lines skipped in the history files
 
 Conventions: offsets and times are int64 milliseconds/offsets; ``-1`` means
 unknown (an HW with no checkpoint entry); keys and values are the raw bytes
 (the history's UTF-8 text is encoded the same way the producer encodes it).
 ``damaged.kind`` is one of ``DAMAGE_KINDS`` (``bad_metadata``: the controller's journal or snapshot,
-with a null broker); ``torn_tail`` (a partial batch at
+with a null broker; ``missing_checkpoint``: a broker whose partitions hold records has no
+``replication-offset-checkpoint``); ``torn_tail`` (a partial batch at
 the end of a segment, what a SIGKILL mid-write leaves and recovery truncates)
 is informational, every other kind is damage.
 """
@@ -128,7 +130,7 @@ TABLES: dict[str, pa.Schema] = {
 OPTIONAL_TABLES = frozenset({"assignments"})  # required only when the manifest says ``has_metadata``
 
 DAMAGE_KINDS = ("torn_tail", "corrupt_batch", "bad_records", "unreadable", "bad_checkpoint", "bad_name",
-                "bad_metadata")
+                "bad_metadata", "missing_checkpoint")
 INFORMATIONAL_DAMAGE = ("torn_tail",)
 
 MANIFEST = "manifest.json"

@@ -17,7 +17,7 @@ Kafka workload):
   (Kafka has no offline notion of "the" log; this is the replica that holds
   the last leader's writes.)
 - *reference log*: the final log, plus, at offsets below the final replica's
-  log start that it no longer holds (retention), other replicas' records there.
+  log start (from its replica row) that it no longer holds (retention), other replicas' records there.
 - an event *matches* a record at the same (topic, partition, offset) with the
   same value and, when the history has a key, the same key.
 
@@ -33,12 +33,16 @@ Checks, one result each:
                          without controller metadata; ``metadata_note`` in the manifest says why)
 ``duplicates``           one idempotent producer's record -- the same (topic, partition, producer id, producer
                          epoch, sequence) -- at two offsets of the final log: a retry appended twice
-                         (invariant 6). One value at two offsets with other sequences (two sends of an equal
-                         value), or without idempotence, is only counted
+                         (invariant 6); with a history, also a value with more idempotent copies in the
+                         committed final log than sends (``resent_duplicates``). One value at two offsets with
+                         other sequences (two sends of an equal value), or without idempotence, is only counted
 ``offset_gaps``          a replica's log skips offsets (in file order, or its first offset is above log start)
 ``offset_repeats``       a replica's log repeats an offset or goes backwards
 ``epoch_regressions``    leader epochs decrease along a replica's log
 ``hw_above_leo``         a replica whose HW checkpoint is above its log end offset
+``epoch_cache_mismatch`` a replica's leader-epoch cache entry whose start offset is not the first offset of that
+                         epoch in its log (only entries at or above its log start, for epochs with records
+                         there, on undamaged replicas)
 ``non_monotonic_polls``  one consumer process reads an offset at or below its previous one on a partition
 ``skipped_polls``        one consumer process jumps over offsets on a partition
 ``dirty_reads``          a poll that matches no record of the reference log
@@ -251,30 +255,36 @@ def committed_records(t: Tables) -> DataFrame:
 
 
 def authoritative_replicas(t: Tables) -> DataFrame:
-    """(export, broker, topic, partition, log_start_offset) of the replica whose log is the partition's
-    final log."""
+    """(export, broker, topic, partition, log_start_offset, high_watermark) of the replica whose log is the
+    partition's final log."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     w = Window.partitionBy(*KEYS).orderBy(F.col("damaged").asc(), F.col("latest_epoch").desc(),
                                           F.col("log_end_offset").desc(), F.col("broker").asc())
     return (t.replicas.withColumn("rank", F.row_number().over(w))
-            .where(F.col("rank") == 1).select(*REPLICA, "log_start_offset"))
+            .where(F.col("rank") == 1).select(*REPLICA, "log_start_offset", "high_watermark"))
 
 
 def final_log(t: Tables, authoritative: DataFrame) -> DataFrame:
-    """The authoritative replica's records, with its ``final_log_start``."""
-    return t.records.join(authoritative.withColumnRenamed("log_start_offset", "final_log_start"), REPLICA)
+    """The authoritative replica's records, with its ``final_log_start`` and ``final_hw``."""
+    return t.records.join(authoritative.withColumnRenamed("log_start_offset", "final_log_start")
+                          .withColumnRenamed("high_watermark", "final_hw"), REPLICA)
 
 
-def reference_log(t: Tables, final: DataFrame) -> DataFrame:
+def reference_log(t: Tables, final: DataFrame, authoritative: DataFrame) -> DataFrame:
     """What acked sends and polls are checked against: the final log, plus, at offsets below the final
     replica's log start that it no longer holds (retention deleted them), every other replica's records
-    there. Offsets the final log holds are checked against it alone."""
+    there. Offsets the final log holds are checked against it alone.
+
+    The final replica's log start comes from its replica row, not from its records: retention may have
+    emptied it (``Log.delete_old_segments`` deletes the active segment too and rolls an empty one at the
+    LEO, log start = LEO), and then it has no record to carry it, yet every other replica's records below
+    it are still the reference."""
     from pyspark.sql import functions as F
 
     cols = [*KEYS, "offset", "broker", "key", "value"]
-    starts = final.select(*KEYS, "final_log_start").distinct()
+    starts = authoritative.select(*KEYS, F.col("log_start_offset").alias("final_log_start"))
     held = final.select(*KEYS, "offset").distinct()
     older = (t.records.join(starts, KEYS).where(F.col("offset") < F.col("final_log_start"))
              .join(held, [*KEYS, "offset"], "left_anti"))
@@ -298,6 +308,7 @@ class Context:
     acked: DataFrame
     reference: DataFrame
     log_starts: DataFrame
+    authoritative: DataFrame  # (export, broker, topic, partition, log_start_offset, high_watermark)
 
 
 def _matching(events: DataFrame, log: DataFrame, how: str) -> DataFrame:
@@ -451,6 +462,42 @@ def idempotent_duplicates(c: Context) -> DataFrame:
             .where(F.col("copies") > 1))
 
 
+RESEND_SLACK_MS = 1_000  # a copy's timestamp may be this much before its value's first send (clock rounding)
+
+
+def resent_duplicates(c: Context) -> DataFrame:
+    """A value of the history whose copies in the committed final log of its topic, written by an
+    idempotent producer (producer id >= 0), outnumber the sends that carried it (any outcome): a record sent
+    once was appended again under another producer id or epoch (invariant 6), which the same-sequence check
+    (``idempotent_duplicates``) cannot see.
+
+    - A copy is one (partition, producer id, producer epoch, sequence): a same-sequence retry appended twice
+      counts once here (``idempotent_duplicates`` reports it), so each anomaly is reported once.
+    - Copies of a non-idempotent producer (producer id -1) are not counted: its retries legitimately
+      duplicate (``duplicate_groups`` counts them).
+    - Only values the history sent at least once, and only copies stamped no earlier than the value's first
+      send (less ``RESEND_SLACK_MS``): records of an earlier run into the same topic (``chaos run`` against a
+      running cluster reuses topic ``chaos`` and its value names ``p0-0``, ...) are not this history's.
+    - Committed only (below the final replica's HW): an unknown HW checks nothing.
+    Values are compared whole (a null value is a value too); keys are not compared, so copies and sends of
+    one value are summed over keys, which can only hide an excess, never make one up."""
+    from pyspark.sql import functions as F
+
+    sends = (c.t.sends.groupBy("export", "topic", _vkey().alias("vkey"))
+             .agg(F.count("*").alias("sends"), F.min("start_ms").alias("first_send_ms")))
+    copies = (c.final.where((F.col("producer_id") >= 0) & (F.col("offset") < F.col("final_hw")))
+              .select("export", "topic", _vkey().alias("vkey"), "value", "timestamp", "partition", "offset",
+                      "producer_id", "producer_epoch", "sequence"))
+    return (copies.join(sends, ["export", "topic", "vkey"])
+            .where(F.col("timestamp") >= F.col("first_send_ms") - RESEND_SLACK_MS)
+            .groupBy("export", "topic", "vkey")
+            .agg(F.countDistinct(F.struct("partition", "producer_id", "producer_epoch", "sequence"))
+                 .alias("copies"), F.first("sends").alias("sends"), F.first(_short_text("value")).alias("value"),
+                 _bounded(F.collect_list(F.struct("partition", "offset", "producer_id", "producer_epoch",
+                                                  "sequence"))).alias("positions"))
+            .where(F.col("copies") > F.col("sends")).drop("vkey"))
+
+
 def _replica_order(t: Tables) -> DataFrame:
     """Each record with the previous record of the same replica in file order."""
     from pyspark.sql import Window
@@ -491,6 +538,32 @@ def check_epoch_regressions(c: Context) -> DataFrame:
     return (_replica_order(c.t)
             .where(F.col("prev_epoch").isNotNull() & (F.col("leader_epoch") < F.col("prev_epoch")))
             .select(*REPLICA, "offset", "prev_epoch", "leader_epoch", "segment"))
+
+
+def check_epoch_cache_mismatch(c: Context) -> DataFrame:
+    """A replica's leader-epoch cache entry (epoch, start offset) whose start is not the first offset of that
+    epoch in the replica's own log. A leader records (its epoch, its LEO) before it writes, a follower the
+    base offset of the first batch of a new epoch it appends, and truncation trims the cache with the log,
+    so they agree; a wrong cache misleads epoch truncation (KIP-101), which follows it.
+
+    Compared only where the log can still show the epoch's first batch: entries at or above the replica's
+    log start (below it, retention deleted the batches and ``truncate_from_start`` clamped the entry), epochs
+    with records at or above the log start (an epoch with no batch: a leader's assignment at its LEO, or an
+    epoch whose batches were truncated), and undamaged replicas (their scan stopped at the damage, which
+    ``damaged_files`` reports)."""
+    from pyspark.sql import functions as F
+
+    reps = c.t.replicas.where(~F.col("damaged")).select(*REPLICA, "log_start_offset", "epoch_cache")
+    entries = (reps.select(*REPLICA, "log_start_offset", F.explode("epoch_cache").alias("entry"))
+               .select(*REPLICA, "log_start_offset", F.col("entry.epoch").alias("leader_epoch"),
+                       F.col("entry.start_offset").alias("cache_start_offset"))
+               .where(F.col("cache_start_offset") >= F.col("log_start_offset")))
+    firsts = (c.t.records.join(reps.select(*REPLICA, "log_start_offset"), REPLICA)
+              .where(F.col("offset") >= F.col("log_start_offset"))
+              .groupBy(*REPLICA, "leader_epoch").agg(F.min("offset").alias("first_offset_in_log")))
+    return (entries.join(firsts, [*REPLICA, "leader_epoch"])
+            .where(F.col("first_offset_in_log") != F.col("cache_start_offset"))
+            .select(*REPLICA, "leader_epoch", "cache_start_offset", "first_offset_in_log", "log_start_offset"))
 
 
 def check_hw_above_leo(c: Context) -> DataFrame:
@@ -599,11 +672,13 @@ QUERIES: dict[str, Query] = {
     "missing_replicas": Query(check_missing_replicas, ("topic", "partition", "broker")),
     "duplicates:idempotent": Query(idempotent_duplicates,
                                    ("topic", "partition", "producer_id", "producer_epoch", "sequence")),
+    "duplicates:resent": Query(resent_duplicates, ("topic", "value")),
     "duplicates:all": Query(duplicate_groups, ("topic", "value")),
     "offset_gaps": Query(check_offset_gaps, REPLICA_ORDER),
     "offset_repeats": Query(check_offset_repeats, ("broker", "topic", "partition", "segment", "position")),
     "epoch_regressions": Query(check_epoch_regressions, REPLICA_ORDER),
     "hw_above_leo": Query(check_hw_above_leo, ("broker", "topic", "partition")),
+    "epoch_cache_mismatch": Query(check_epoch_cache_mismatch, ("broker", "topic", "partition", "leader_epoch")),
     "non_monotonic_polls": Query(check_non_monotonic_polls, POLL_ORDER),
     "skipped_polls": Query(check_skipped_polls, POLL_ORDER),
     "dirty_reads": Query(check_dirty_reads, POLL_ORDER),
@@ -617,6 +692,7 @@ METADATA_CHECKS = frozenset({"missing_replicas"})
 
 CHECK_NAMES = ("lost_writes", "inconsistent_offsets", "replica_divergence", "epoch_forks", "missing_replicas",
                "duplicates", "offset_gaps", "offset_repeats", "epoch_regressions", "hw_above_leo",
+               "epoch_cache_mismatch",
                "non_monotonic_polls", "skipped_polls", "dirty_reads", "unseen_writes", "failed_writes_present",
                "damaged_files")
 
@@ -718,11 +794,25 @@ def _export_results(export: str, manifest: dict[str, Any], counts: Counts,
             "(deleted by retention) cannot be verified")
     if has_history and n("stat:polls") == 0:
         results["unseen_writes"] = CheckResult("unseen_writes", Status.SKIPPED, 0, note="the history has no polls")
-    if n("duplicates:idempotent"):
-        results["duplicates"] = CheckResult("duplicates", Status.VIOLATION, n("duplicates:idempotent"),
-                                            rows("duplicates:idempotent"),
-                                            "records of one idempotent producer (same producer id, epoch and "
-                                            "sequence) at two offsets: a retry appended twice")
+    if has_history and n("stat:sends") == 0:  # an empty history file (the writer died before a send): noted
+        results["lost_writes"] = _with_note(results["lost_writes"], "the history has no sends: no write was "
+                                            "checked")
+    torn_lines = int(manifest.get("history_torn_lines") or 0)
+    if has_history and torn_lines:
+        results["lost_writes"] = _with_note(results["lost_writes"], f"{torn_lines} torn last line(s) of the "
+                                            "history skipped (the writer was killed mid-line)")
+    resent = n("duplicates:resent") if has_history else 0
+    if n("duplicates:idempotent") or resent:
+        notes = []
+        if n("duplicates:idempotent"):
+            notes.append(f"{n('duplicates:idempotent')} record(s) of one idempotent producer (same producer id, "
+                         "epoch and sequence) at two offsets: a retry appended twice")
+        if resent:
+            notes.append(f"{resent} value(s) with more idempotent copies in the committed final log than sends "
+                         "in the history: resent under another producer id or epoch")
+        results["duplicates"] = CheckResult("duplicates", Status.VIOLATION, n("duplicates:idempotent") + resent,
+                                            rows("duplicates:idempotent") + (rows("duplicates:resent") if resent
+                                                                            else []), "; ".join(notes))
     elif n("duplicates:all"):
         results["duplicates"] = CheckResult(
             "duplicates", Status.COUNTED, n("duplicates:all"), rows("duplicates:all"),
@@ -758,9 +848,11 @@ def run_audits(spark: SparkSession, export_dirs: list[Path], *,
     t = Tables(*(df.persist(StorageLevel.MEMORY_AND_DISK) for df in
                  (loaded.records, loaded.replicas, loaded.damaged, loaded.sends, loaded.polls, loaded.assignments)))
     try:
-        final = final_log(t, authoritative_replicas(t))
+        authoritative = authoritative_replicas(t)
+        final = final_log(t, authoritative)
         c = Context(t=t, final=final, committed=committed_records(t), acked=t.sends.where(F.col("outcome") == "ok"),
-                    reference=reference_log(t, final), log_starts=partition_log_starts(t))
+                    reference=reference_log(t, final, authoritative), log_starts=partition_log_starts(t),
+                    authoritative=authoritative)
         named = {name: q.query(c) for name, q in QUERIES.items()}
         named.update({f"stat:{name}": df for name, df in _stat_queries(c).items()})
         counts = _counts(named)

@@ -29,7 +29,8 @@ from audit.spark_audit import (
 )
 from common.wire import TopicPartition
 from controller.journal import encode_frame
-from storage.checkpoint import read_offsets, write_offsets
+from storage.checkpoint import read_offsets, write_epochs, write_offsets
+from storage.epoch_cache import EpochEntry
 from tests.audit.datadirs import Batch, batch_positions, cluster, corrupt_byte, history, write_replica
 from tests.audit.exports import BROKERS, Export, _crc, _row, clean_export
 
@@ -157,7 +158,8 @@ def _equal_values_at(e: Export, n: int, *, retried: bool) -> None:
     e.records = [{**_row(b, o, o, o, 1, b"x", pid=7), **({"sequence": 0} if retried else {})}
                  for b in BROKERS for o in range(n)]
     for r in e.replicas:
-        r.update(high_watermark=n, log_end_offset=n, recovery_point=n, records=n, batches=n)
+        r.update(high_watermark=n, log_end_offset=n, recovery_point=n, records=n, batches=n,
+                 epoch_cache=[{"epoch": 1, "start_offset": 0}])
 
 
 def _failed_value_many_times(e: Export) -> None:
@@ -239,6 +241,56 @@ def _no_metadata(e: Export) -> None:
     e.assignments = None
 
 
+def _resent_under_a_new_producer_id(e: Export) -> None:
+    """v8, sent once (by idempotent producer 7, sequence 8), appended again at offset 10 by producer 8: a
+    resend under a new producer id, which no (producer id, epoch, sequence) pair shows (invariant 6)."""
+    _idempotent(e)
+    e.add_log_record(10, b"v8")
+    for b in BROKERS:
+        e.record(b, 10).update(producer_id=8, producer_epoch=0, sequence=0)
+    e.poll("final", 10, 10, "v8")
+
+
+def _resent_under_a_new_epoch_uncommitted(e: Export) -> None:
+    """The same resend (producer 7, epoch 1), but above every replica's HW: not committed, not checked."""
+    _resent_under_a_new_producer_id(e)
+    for b in BROKERS:
+        e.record(b, 10).update(producer_id=7, producer_epoch=1)
+        e.replica(b)["high_watermark"] = 10
+    e.polls = [p for p in e.polls if p["offset"] != 10]
+
+
+def _copy_of_an_earlier_run(e: Export) -> None:
+    """v8 of an earlier run into the same topic (another producer, stamped before this history's first send
+    of v8): not this history's copy."""
+    _resent_under_a_new_producer_id(e)
+    for b in BROKERS:
+        e.record(b, 10)["timestamp"] = 1_000 + 8 - 1_001  # before v8's send started (1_008), beyond the slack
+
+
+def _epoch_cache_wrong(e: Export) -> None:
+    """Broker 2's cache says epoch 1 starts at 8; its log (like every replica's) has epoch 1 from offset 4."""
+    e.replica(2)["epoch_cache"] = [{"epoch": 0, "start_offset": 0}, {"epoch": 1, "start_offset": 8}]
+
+
+def _epoch_cache_edges(e: Export) -> None:
+    """What the cache legitimately says that the log cannot show: retention deleted offsets 0-1 (the entry of
+    epoch 0 below log start 2), a leader's assignment of epoch 2 at its LEO with no batch yet, and an
+    epoch-0 entry the broker clamped to its log start."""
+    e.records = [r for r in e.records if r["offset"] >= 2]
+    for r in e.replicas:
+        r.update(log_start_offset=2, records=8, batches=4)
+        r["epoch_cache"] = [{"epoch": 0, "start_offset": 0}, {"epoch": 1, "start_offset": 4},
+                            {"epoch": 2, "start_offset": 10}]
+    e.replica(1)["epoch_cache"][0]["start_offset"] = 2  # truncate_from_start's clamped entry
+
+
+def _plain_resend(e: Export) -> None:
+    """A non-idempotent producer's v8 sent once and appended twice (a retry): counted, not a violation."""
+    e.add_log_record(10, b"v8")
+    e.poll("final", 10, 10, "v8")
+
+
 ANOMALIES: dict[str, tuple[Callable[[Export], None], str]] = {
     "lost_missing": (_lost_missing, "lost_writes"),
     "lost_other_value": (_lost_other_value, "lost_writes"),
@@ -262,6 +314,8 @@ ANOMALIES: dict[str, tuple[Callable[[Export], None], str]] = {
     "failed_writes_present": (_failed_write_present, "failed_writes_present"),
     "missing_replicas": (_missing_replica, "missing_replicas"),
     "lost_below_final_log_start": (_retention_lost, "lost_writes"),
+    "resent_under_a_new_producer_id": (_resent_under_a_new_producer_id, "duplicates"),
+    "epoch_cache_mismatch": (_epoch_cache_wrong, "epoch_cache_mismatch"),
 }
 CLEAN: dict[str, Callable[[Export], None]] = {
     "clean": lambda e: None,
@@ -274,6 +328,10 @@ CLEAN: dict[str, Callable[[Export], None]] = {
     "retention": _retention,
     "retention_behind_one_replica": _retention_behind_one_replica,
     "no_metadata": _no_metadata,
+    "resent_uncommitted": _resent_under_a_new_epoch_uncommitted,
+    "resent_by_an_earlier_run": _copy_of_an_earlier_run,
+    "plain_resend": _plain_resend,
+    "epoch_cache_edges": _epoch_cache_edges,
 }
 OTHER: dict[str, Callable[[Export], None]] = {
     "inconsistent_read": _inconsistent_read,
@@ -289,7 +347,8 @@ def _real_file_exports(root: Path) -> dict[str, Path]:
     ``controller.journal``): clean, and with one fault each."""
     out = {}
     for name in ("files_clean", "files_crc", "files_retention", "files_no_hw_divergent", "files_missing_replica",
-                 "files_bad_metadata", "files_two_histories"):
+                 "files_bad_metadata", "files_two_histories", "files_final_emptied_by_retention",
+                 "files_hw_checkpoint_deleted", "files_empty_history"):
         c = cluster(root / f"{name}-cluster", metadata=name != "files_crc")
         hist = history(root / f"{name}-history.jsonl")
         if name == "files_crc":
@@ -310,6 +369,20 @@ def _real_file_exports(root: Path) -> dict[str, Path]:
             journal = c / "controller" / "metadata.journal"  # a flipped byte in frame 1, a whole frame after
             corrupt_byte(journal, 12)
             journal.write_bytes(journal.read_bytes() + encode_frame({"offset": 2, "records": []}))
+        elif name == "files_final_emptied_by_retention":
+            # retention on broker 0 only (the final replica: lowest id) deleted every segment, the active one
+            # too, as Log.delete_old_segments does: one empty segment at the LEO, log start = LEO = 6
+            pdir = c / "broker-0" / "t-0"
+            for seg in pdir.glob("*.log"):
+                seg.unlink()
+            (pdir / f"{6:020d}.log").write_bytes(b"")
+            write_epochs(pdir / "leader-epoch-checkpoint", [EpochEntry(1, 6)])
+            cp = c / "broker-0" / "log-start-offset-checkpoint"
+            write_offsets(cp, {**read_offsets(cp), TopicPartition("t", 0): 6})
+        elif name == "files_hw_checkpoint_deleted":
+            (c / "broker-2" / "replication-offset-checkpoint").unlink()
+        elif name == "files_empty_history":  # the writer died before its first line was whole
+            hist.write_text('{"type": "send", "process": "p0"')
         elif name == "files_two_histories":  # a second run's history names its clients p0 and c0 again
             hist = root / f"{name}-histories"
             hist.mkdir()
@@ -638,3 +711,64 @@ def test_an_export_path_with_glob_characters(reports: dict[str, AuditReport]) ->
     assert GLOB_DIR in report.export_dir
     assert flagged(report) == {"lost_writes"}, format_summary(report)
     assert report.stats["record_rows"] == 30
+
+
+def test_retention_that_emptied_the_final_replica(reports: dict[str, AuditReport]) -> None:
+    """The final replica's log start comes from its replica row: emptied by retention it has no record, and
+    the other replicas' records below its log start are the reference (was: every acked send lost, every
+    poll dirty)."""
+    report = reports["files_final_emptied_by_retention"]
+    assert report.ok and flagged(report) == set(), format_summary(report)
+    assert (report.stats["final_log_records"], report.stats["acked"]) == (0, 6)
+    assert (report.stats["acked_below_log_start"], report.stats["polls_below_log_start"]) == (0, 0)
+
+
+def test_a_resend_under_a_new_producer_id_is_a_violation(reports: dict[str, AuditReport]) -> None:
+    result = reports["resent_under_a_new_producer_id"].check("duplicates")
+    assert (result.status, result.count) == (Status.VIOLATION, 1)
+    row = result.evidence[0]
+    assert (row["value"], row["copies"], row["sends"]) == ("v8", 2, 1)
+    assert [(p["offset"], p["producer_id"]) for p in row["positions"]] == [(8, 7), (10, 8)]
+    assert "resent under another producer id or epoch" in result.note
+    # a same-sequence retry is reported once (by the same-sequence check), not again as a resend
+    assert reports["idempotent_duplicates"].check("duplicates").count == 1
+
+
+@pytest.mark.parametrize("case", ["resent_uncommitted", "resent_by_an_earlier_run", "plain_resend",
+                                  "idempotent_equal_values"])
+def test_copies_that_are_no_resend_are_only_counted(reports: dict[str, AuditReport], case: str) -> None:
+    """Above the HW (not committed), stamped before the history sent the value (an earlier run), written
+    without idempotence (retries may duplicate), or one copy per send: counted, never a violation."""
+    report = reports[case]
+    assert report.ok, format_summary(report)
+    assert report.check("duplicates").status is Status.COUNTED
+    assert flagged(report) == {"duplicates"}, format_summary(report)
+
+
+def test_a_missing_hw_checkpoint_file_fails_the_audit(reports: dict[str, AuditReport]) -> None:
+    report = reports["files_hw_checkpoint_deleted"]
+    assert flagged(report) == {"damaged_files"}, format_summary(report)
+    damage = report.check("damaged_files").evidence[0]
+    assert (damage["broker"], damage["kind"], damage["file"]) == (2, "missing_checkpoint",
+                                                                  "broker-2/replication-offset-checkpoint")
+    assert report.stats["replicas_without_hw"] == 1
+
+
+def test_a_history_without_sends_is_noted(reports: dict[str, AuditReport]) -> None:
+    report = reports["files_empty_history"]
+    assert report.ok and flagged(report) == set(), format_summary(report)
+    assert report.stats["sends"] == 0
+    note = report.check("lost_writes").note
+    assert "the history has no sends" in note and "1 torn last line(s) of the history skipped" in note
+    assert reports["files_clean"].check("lost_writes").note == ""
+
+
+def test_epoch_cache_entries_are_checked_against_the_log(reports: dict[str, AuditReport]) -> None:
+    result = reports["epoch_cache_mismatch"].check("epoch_cache_mismatch")
+    assert result.count == 1
+    row = result.evidence[0]
+    assert (row["broker"], row["leader_epoch"], row["cache_start_offset"], row["first_offset_in_log"]) \
+        == (2, 1, 8, 4)
+    edges = reports["epoch_cache_edges"]  # below log start, an epoch without batches, a clamped entry
+    assert edges.ok and flagged(edges) == set(), format_summary(edges)
+    assert edges.check("epoch_cache_mismatch").status is Status.OK
