@@ -223,8 +223,17 @@ def create_topics(image: MetadataImage, topics: Sequence[NewTopic], live: Sequen
     results: list[TopicResult] = []
     seen: set[str] = set()
     brokers = sorted(live)
+    # Kafka's topicsWithCollisionChars: '.' and '_' collide in metric names, so a name that equals an existing
+    # one with either read as the other is refused (one pass over the names per request, not per topic)
+    colliding = {_collision_key(n): n for n in image.topics if "." in n or "_" in n}
     for t in topics:
         result = _check_topic(image, t, seen, brokers, default_partitions, default_rf)
+        if result is None and isinstance(t.name, str):
+            other = colliding.get(_collision_key(t.name))
+            if other is not None:
+                result = TopicResult(t.name, ErrorCode.INVALID_TOPIC_EXCEPTION,
+                                     f"topic {t.name!r} collides with existing topic {other!r} ('.' and '_' "
+                                     "are the same in metric names)")
         if result is not None:
             results.append(result)
             continue
@@ -238,6 +247,8 @@ def create_topics(image: MetadataImage, topics: Sequence[NewTopic], live: Sequen
         n = t.num_partitions if t.num_partitions not in (None, -1) else default_partitions
         rf = t.replication_factor if t.replication_factor not in (None, -1) else default_rf
         seen.add(t.name)
+        if "." in t.name or "_" in t.name:
+            colliding[_collision_key(t.name)] = t.name
         plan.records.append(TopicRecord(t.name, configs))
         assignment = rules.assign_replicas(n, rf, brokers, start_index=start_index, replica_shift=replica_shift)
         first_epoch = image.leader_epoch_floors.get(t.name, 0)  # above a deleted namesake's epochs
@@ -246,6 +257,10 @@ def create_topics(image: MetadataImage, topics: Sequence[NewTopic], live: Sequen
             plan.change(TopicPartition(t.name, p), None, st, ElectionReason.NEW_PARTITION)
         results.append(TopicResult(t.name, ErrorCode.NONE))
     return plan, results
+
+
+def _collision_key(name: str) -> str:
+    return name.replace(".", "_")
 
 
 def _check_topic(image: MetadataImage, t: NewTopic, seen: set[str], brokers: Sequence[int],

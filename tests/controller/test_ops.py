@@ -95,6 +95,22 @@ def test_controlled_shutdown_moves_leadership_or_takes_it_away() -> None:
     assert applied(image, plan).partitions[TP1].leader == 1  # back: it leads again
 
 
+def test_a_topic_name_colliding_in_metric_names_is_refused() -> None:
+    # Kafka refuses 'my_topic' next to 'my.topic' (InvalidTopicException: the names collide in metric names);
+    # both used to be created
+    image = cluster()
+    image.topics["my.topic"] = {}
+    topics = [ops.NewTopic("my_topic", 1, 1, {}), ops.NewTopic("a_b", 1, 1, {}), ops.NewTopic("a.b", 1, 1, {}),
+              ops.NewTopic("my-topic", 1, 1, {})]
+    plan, results = ops.create_topics(image, topics, [1, 2, 3], default_partitions=1, default_rf=1,
+                                      default_min_isr=1, default_unclean=False, start_index=0, replica_shift=0)
+    assert [r.error for r in results] == [ErrorCode.INVALID_TOPIC_EXCEPTION, ErrorCode.NONE,
+                                          ErrorCode.INVALID_TOPIC_EXCEPTION, ErrorCode.NONE]
+    assert "collides with existing topic 'my.topic'" in results[0].message
+    assert "collides with existing topic 'a_b'" in results[2].message
+    assert sorted(applied(image, plan).topics) == ["a_b", "my-topic", "my.topic", "t"]
+
+
 def test_preferred_election_moves_leadership_back() -> None:
     image = cluster((TP0, PartitionState((1, 2), (1, 2), 2, 3, 5)),
                     (TP1, PartitionState((1, 2), (2,), 2, 3, 5)))
