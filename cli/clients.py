@@ -210,6 +210,7 @@ class LineReader:
         self._partial_bytes = 0
         self._long: LongLine | None = None  # the line being read, once it is too long to keep
         self._done = False
+        self.at_end = False  # the stream's end was read (not only a ``stop``)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -255,7 +256,7 @@ class LineReader:
             if isinstance(item, BaseException):
                 raise item
             if not item:  # the end of the stream: a last line without its newline is still a line
-                self._done = True
+                self._done = self.at_end = True
                 last = self._end_line(b"") if self._parts or self._long is not None else None
                 return None if last is None else [last]
             pieces = item.split(b"\n")
@@ -537,7 +538,8 @@ async def produce_main(args: argparse.Namespace, stdin: BinaryIO, out: TextIO) -
         await producer.start()
         with contextlib.suppress(_Stopped):
             unsent = await pump()
-        stopped_reading = stopping.is_set()  # before the end of stdin
+        # a stop after stdin's end (a report that broke stdout while the last ones were answered) is no stop
+        stopped_reading = stopping.is_set() and not reader.at_end
         if stopped_reading:
             unsent += reader.unread_lines()
         await settle()

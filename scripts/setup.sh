@@ -85,6 +85,11 @@ install_java() {
       return 0
     fi
   done
+  if [ -n "${CI:-}" ]; then  # CI runs the Spark tests: stop here, with the cause, not at the first Spark test
+    echo "setup: error: could not install a Java runtime (tried: $JAVA_PACKAGES); the Spark audit tests need" \
+      "one (CI is set)" >&2
+    return 1
+  fi
   echo "setup: warning: could not install a Java runtime (tried: $JAVA_PACKAGES); the demo does not need" \
     "it, but the Spark audit and its tests do" >&2
   return 0

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import io
 import json
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -481,3 +483,28 @@ async def test_perf_consume_stops_at_num_records(fake: FakeCluster) -> None:
     header, figures, summary = out.splitlines()[-3:]
     assert dict(zip(header.split(", "), figures.split(", "), strict=True))["data.consumed.in.nMsg"] == "10"
     assert summary.startswith("10 records consumed in")
+
+
+async def test_the_line_reader_tells_the_end_of_stdin_from_a_stop() -> None:
+    # produce decides by this whether a broken stdout stopped it before the end of stdin (lines unsent, status
+    # 1) or came after it (every line sent): a stop makes next_lines answer None too, so None alone cannot say
+    from cli.clients import LineReader
+
+    whole = LineReader(io.BytesIO(b"a\nb\n"), 1 << 10)
+    whole.start()
+    while await whole.next_lines() is not None:
+        pass
+    assert whole.at_end
+    r, w = os.pipe()  # a writer that stays open: no end
+    try:
+        os.write(w, b"a\n")
+        with open(r, "rb", closefd=False) as stream:
+            stopped = LineReader(stream, 1 << 10)
+            stopped.start()
+            assert await stopped.next_lines() == [b"a"]
+            stopped.stop()
+            assert await stopped.next_lines() is None and not stopped.at_end
+    finally:
+        os.close(w)  # the reader thread sees the end and stops; then its descriptor goes
+        await asyncio.sleep(0.1)
+        os.close(r)

@@ -208,6 +208,14 @@ def test_as_root_a_failed_java_install_is_a_warning(repo: Repo) -> None:
                                                                       "default-jre-headless"]
 
 
+def test_under_ci_a_failed_java_install_fails_the_setup(repo: Repo) -> None:
+    # CI runs the Spark tests: they would fail later, each with a JVM gateway error instead of the cause
+    repo.working_venv()
+    r = repo.setup(FAKE_UID="0", FAKE_APT_OK="", CI="true")
+    assert r.returncode != 0
+    assert "error: could not install a Java runtime" in r.stderr and "CI is set" in r.stderr
+
+
 def test_as_root_default_jre_is_the_fallback(repo: Repo) -> None:
     repo.working_venv()
     r = repo.setup(FAKE_UID="0", FAKE_APT_OK="default-jre-headless")
