@@ -124,13 +124,18 @@ def _idempotent(e: Export, producer_id: int = 7) -> None:
         r["producer_id"], r["producer_epoch"], r["sequence"] = producer_id, 0, r["offset"]
 
 
-def _idempotent_duplicate(e: Export) -> None:
-    """A retry of the batch of v8 (producer 7, epoch 0, sequence 8) appended again, at offset 10."""
+def _v8_appended_again(e: Export, producer_id: int, producer_epoch: int, sequence: int) -> None:
+    """v8 (sent once, by idempotent producer 7, sequence 8) appended again at offset 10 with this stamp."""
     _idempotent(e)
     e.add_log_record(10, b"v8")
     for b in BROKERS:
-        e.record(b, 10).update(producer_id=7, producer_epoch=0, sequence=8)
+        e.record(b, 10).update(producer_id=producer_id, producer_epoch=producer_epoch, sequence=sequence)
     e.poll("final", 10, 10, "v8")
+
+
+def _idempotent_duplicate(e: Export) -> None:
+    """A retry of the batch of v8 (producer 7, epoch 0, sequence 8) appended again, at offset 10."""
+    _v8_appended_again(e, 7, 0, 8)
 
 
 def _idempotent_tombstone_duplicate(e: Export) -> None:
@@ -244,11 +249,7 @@ def _no_metadata(e: Export) -> None:
 def _resent_under_a_new_producer_id(e: Export) -> None:
     """v8, sent once (by idempotent producer 7, sequence 8), appended again at offset 10 by producer 8: a
     resend under a new producer id, which no (producer id, epoch, sequence) pair shows (invariant 6)."""
-    _idempotent(e)
-    e.add_log_record(10, b"v8")
-    for b in BROKERS:
-        e.record(b, 10).update(producer_id=8, producer_epoch=0, sequence=0)
-    e.poll("final", 10, 10, "v8")
+    _v8_appended_again(e, 8, 0, 0)
 
 
 def _resent_under_a_new_epoch_uncommitted(e: Export) -> None:
