@@ -3,7 +3,7 @@ leader), and consumer answers that arrive for partitions no longer assigned or m
 
 from __future__ import annotations
 
-from client import Consumer, Producer, TopicPartition
+from client import Consumer, ConsumerRecord, Producer, TopicPartition
 from client.metadata import MetadataCache
 from common.http import RpcClient
 from tests.client.fake_broker import FakeCluster, running
@@ -18,6 +18,15 @@ async def produce(fake: FakeCluster, n: int, partition: int = 0) -> None:
         for i in range(n):
             await producer.send(TOPIC, str(i).encode(), partition=partition)
         await producer.flush()
+
+
+async def first_records(consumer: Consumer) -> list[ConsumerRecord]:
+    """The first records a poll returns, polling at most 20 times for 50 ms (empty if none came)."""
+    for _ in range(20):
+        got = await consumer.poll(timeout_ms=50)
+        if got:
+            return got
+    return []
 
 
 async def test_refreshes_go_to_each_broker_in_turn() -> None:
@@ -113,11 +122,7 @@ async def test_an_answer_for_a_partition_no_longer_assigned_is_ignored() -> None
             consumer.seek(TP1, 0)
             assert await consumer.poll(timeout_ms=0) == []  # the fetch is in flight
             consumer.assign([TP1])
-            got = []
-            for _ in range(20):
-                got += await consumer.poll(timeout_ms=50)
-                if got:
-                    break
+            got = await first_records(consumer)
         assert [(r.partition, r.offset) for r in got] == [(1, 0)]
 
 
@@ -128,11 +133,7 @@ async def test_a_malformed_offset_answer_fails_one_reset_not_every_poll() -> Non
         async with Consumer(fake.bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=50,
                             retry_backoff_ms=20) as consumer:
             consumer.assign([TP0])
-            got = []
-            for _ in range(20):
-                got += await consumer.poll(timeout_ms=50)
-                if got:
-                    break
+            got = await first_records(consumer)
             assert fake.malformed_list_offsets == 0
             assert TP0 not in consumer.fetch_errors()
         assert [r.value for r in got] == [b"0"]
