@@ -605,7 +605,10 @@ async def consume_main(args: argparse.Namespace, out: TextIO) -> int:
     from common.errors import ErrorCode, error_for
     from common.wire import TopicPartition
 
-    reset = OffsetReset.EARLIEST if args.from_beginning else OffsetReset.LATEST
+    # --offset earliest / latest (Kafka's console consumer takes both) pick where to start, as --from-beginning
+    # and the default do; a number is sought to in every consumed partition
+    start = args.offset if isinstance(args.offset, str) else None
+    reset = OffsetReset.EARLIEST if args.from_beginning or start == "earliest" else OffsetReset.LATEST
     consumer = Consumer(bootstrap_of(args), ConsumerConfig(auto_offset_reset=reset,
                                                            fetch_max_wait_ms=args.fetch_max_wait_ms))
     count = 0
@@ -622,7 +625,7 @@ async def consume_main(args: argparse.Namespace, out: TextIO) -> int:
                                f"(partitions 0..{len(parts) - 1})")
             tps = [TopicPartition(args.topic, args.partition)]
             consumer.assign(tps)
-        if args.offset is not None:
+        if isinstance(args.offset, int):
             for tp in tps:
                 consumer.seek(tp, args.offset)
         idle_ms = 0
@@ -683,6 +686,16 @@ async def topic_deleted(consumer: Any, topic: str) -> bool:
     except NoBrokersAvailableError:
         return False
     return gone()
+
+
+def start_offset(text: str) -> int | str:
+    """--offset: an offset, or 'earliest' / 'latest' as Kafka's console consumer takes them."""
+    if text.lower() in ("earliest", "latest"):
+        return text.lower()
+    if not text.lstrip("+-").isdigit():
+        raise argparse.ArgumentTypeError(f"--offset must be an offset (an integer >= 0), 'earliest' or 'latest', "
+                                         f"got {text!r}")
+    return non_negative("--offset")(text)
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
@@ -754,10 +767,10 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
                    help="only this partition (default: all)")
     start = c.add_mutually_exclusive_group()
     start.add_argument("--from-beginning", action="store_true", help="start at the log start (default: the end)")
-    start.add_argument("--offset", type=non_negative("--offset"), default=None,
+    start.add_argument("--offset", type=start_offset, default=None,
                        help="start at this offset in every consumed partition (where it is past a partition's "
                             "end or before its start, that partition starts at its end, as Kafka's console "
-                            "consumer does)")
+                            "consumer does), or 'earliest' (as --from-beginning) or 'latest' (the default)")
     c.add_argument("--max-messages", type=positive("--max-messages"), default=None,
                    help="stop after this many records (default: no limit)")
     c.add_argument("--timeout-ms", type=positive("--timeout-ms"), default=None,

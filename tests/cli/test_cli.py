@@ -66,6 +66,10 @@ def test_help_lists_the_client_commands(capsys: pytest.CaptureFixture[str]) -> N
      "--throughput must be a finite number"),
     # an offset no request can carry once reached msgpack's encoder mid-poll (OverflowError)
     (["consume", "t", "--offset", str(2**64)], "--offset must be at most 9223372036854775807"),
+    (["consume", "t", "--offset", "-1"], "--offset must be >= 0, got -1"),
+    (["consume", "t", "--offset", "first"], "--offset must be an offset (an integer >= 0), 'earliest' or 'latest', "
+                                            "got 'first'"),
+    (["consume", "t", "--from-beginning", "--offset", "latest"], "not allowed with"),
 ])
 def test_usage_errors_are_one_readable_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = run(argv, capsys)

@@ -61,6 +61,21 @@ async def test_consume_text_from_an_offset_on_one_partition_stops_when_idle(fake
     assert "consumed 2 messages" in err
 
 
+async def test_consume_offset_earliest_starts_at_the_log_start_and_latest_at_the_end(fake: FakeCluster) -> None:
+    # Kafka's console consumer takes --offset earliest / latest besides a number
+    status, _, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "1",
+                               stdin=b"a\nb\n")
+    assert status == 0, err
+    status, out, err = await run("consume", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "1",
+                                 "--offset", "earliest", "--timeout-ms", "500")
+    assert status == 0, err
+    assert out.splitlines() == ["a", "b"]
+    status, out, err = await run("consume", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "1",
+                                 "--offset", "LATEST", "--timeout-ms", "500")
+    assert status == 0, err
+    assert out == "" and "consumed 0 messages" in err
+
+
 async def test_a_line_without_the_key_separator_fails_alone(fake: FakeCluster) -> None:
     # Kafka's console producer refuses it ("No key separator found"); it used to go with a null key
     status, out, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap, "-K", ":", "--partition", "0",
