@@ -481,9 +481,13 @@ class ReplicaManager:
                  high_watermark=p.state.high_watermark, log_end_offset=p.log_end_offset)
         epochs = {r.broker_id: r.broker_epoch for r in p.state.followers if r.broker_id in change.new_isr}
         epochs[self.broker_id] = self._broker_epoch
-        self._spawn(self._send_isr_change(p, change, epochs))
+        # the epochs go with the change as decided now (Kafka builds the AlterPartition from the state the change
+        # was prepared on): read when the task first runs, a LeaderAndIsr handled in between would label this
+        # change with its newer partition epoch, and the controller would apply an ISR computed from older state
+        self._spawn(self._send_isr_change(p, change, epochs, p.state))
 
-    async def _send_isr_change(self, p: Partition, change: ps.PendingIsrChange, epochs: dict[int, int]) -> None:
+    async def _send_isr_change(self, p: Partition, change: ps.PendingIsrChange, epochs: dict[int, int],
+                               sent: ps.PartitionState) -> None:
         """Send the pending ISR change until the controller gives a definite answer.
 
         As Kafka's ``Partition.handleAlterPartitionError``: the pending change (and so the maximal ISR the HW
@@ -496,7 +500,6 @@ class ReplicaManager:
         LeaderAndIsr at its own leader epoch would be taken (KRaft's leader learns it from the metadata log).
         """
         assert self.alter_sender is not None
-        sent = p.state
         while True:
             try:
                 result = await self.alter_sender.alter_partition(p.tp, sent.leader_epoch, sent.partition_epoch,

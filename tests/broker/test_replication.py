@@ -370,3 +370,38 @@ async def test_a_change_committed_before_its_answer_was_lost_is_counted_by_its_k
     await follower_fetch(rpc, b.address, 5)
     await wait_until(lambda: b.rm is not None and b.rm.partitions[TP].state.isr == (FOLLOWER, 1))
     assert await _isr_metrics(b.address) == ("1.0", "0.0")
+
+
+async def test_an_isr_change_is_sent_with_the_partition_epoch_it_was_decided_on(
+        start_broker: StartBroker, controller: FakeController, rpc: RpcClient) -> None:
+    # Found by review: the AlterPartition task read the partition's state when it first ran. A LeaderAndIsr
+    # handled before that (same leader epoch, a newer partition epoch: the controller took broker 2 out of the
+    # ISR) cleared the pending expansion, and the task then sent that expansion, computed from the old ISR
+    # [1, 2], at the new partition epoch: the controller applied ISR [1, 2, 3] while the leader kept [1]
+    # and advanced the HW past broker 2, an ISR member to the controller.
+    from broker.requests import parse_leader_and_isr
+
+    b = await start_broker()
+    assert b.rm is not None
+    rm = b.rm
+    fp = await controller.elect(TP, leader=1, replicas=[1, FOLLOWER, 3], isr=[1, FOLLOWER])
+    assert part(await rpc.call(b.address, "produce", produce_body(batch(3))))["error"] == 0
+    await follower_fetch(rpc, b.address, 3)
+    part(await rpc.call(b.address, "fetch", fetch_body(0, replica_id=3, broker_epoch=600)))
+    controller.hold_alter.clear()
+    # in one event-loop step: broker 3's fetch at the end (an expansion to [1, 2, 3] is decided) and the
+    # controller's LeaderAndIsr shrinking the ISR to [1] at partition epoch 1
+    await rm.fetch(parse_fetch(fetch_body(3, replica_id=3, broker_epoch=600)))
+    assert rm.partitions[TP].state.pending is not None
+    fp.isr = [1]
+    fp.partition_epoch += 1
+    await rm.leader_and_isr(parse_leader_and_isr({
+        "controller_id": controller.controller_id, "controller_epoch": controller.controller_epoch,
+        "broker_epoch": -1, "partition_states": [fp.state(TP)], "live_leaders": controller.broker_list(),
+        "topic_configs": {}}))
+    sent = (await controller.wait_alter(1))[0]["topics"][0]["partitions"][0]
+    assert sent["new_isr"] == [1, FOLLOWER, 3] and sent["partition_epoch"] == 0
+    controller.hold_alter.set()
+    await asyncio.sleep(0.3)  # the answer (INVALID_UPDATE_VERSION) reaches the leader, which ignores it
+    assert fp.isr == [1] and fp.partition_epoch == 1
+    assert rm.partitions[TP].state.isr == (1,)
