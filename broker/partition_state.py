@@ -164,9 +164,11 @@ def advance_high_watermark(state: PartitionState, leader_end_offset: int) -> Par
     return state if hw == state.high_watermark else state.with_high_watermark(hw)
 
 
-def follower_high_watermark(state: PartitionState, *, log_end_offset: int, leader_high_watermark: int) -> int:
-    """Follower HW = min(local LEO, leader HW); it does not move back (except by truncation)."""
-    return max(state.high_watermark, min(log_end_offset, leader_high_watermark))
+def follower_high_watermark(*, log_start_offset: int, log_end_offset: int, leader_high_watermark: int) -> int:
+    """Follower HW = the leader's HW within [log start, local LEO], as Kafka's follower sets it from every fetch
+    answer (``UnifiedLog.maybeUpdateHighWatermark``): it follows a new leader whose HW is still below the old
+    leader's down (a follower HW that never moved back showed offsets the current leader had not committed)."""
+    return max(log_start_offset, min(log_end_offset, leader_high_watermark))
 
 
 def expansion_candidates(state: PartitionState, alive: Collection[int] | None = None) -> tuple[int, ...]:

@@ -121,7 +121,7 @@ class ReplicaManager:
             return
         if leader_log_start_offset > p.log_start_offset:
             p.log.maybe_increment_log_start_offset(min(leader_log_start_offset, p.log_end_offset))
-        hw = ps.follower_high_watermark(p.state, log_end_offset=p.log_end_offset,
+        hw = ps.follower_high_watermark(log_start_offset=p.log_start_offset, log_end_offset=p.log_end_offset,
                                         leader_high_watermark=leader_high_watermark)
         if hw != p.state.high_watermark:
             p.state = p.state.with_high_watermark(hw)

@@ -91,12 +91,12 @@ def test_commit_applies_only_same_leader_epoch() -> None:
     assert stale.isr == (1, 2) and stale.pending is None
 
 
-def test_follower_hw_is_min_of_leo_and_leader_hw() -> None:
-    s = ps.become_follower(ps.PartitionState(broker_id=2, high_watermark=10), leader=1, leader_epoch=3,
-                           partition_epoch=1, isr=(1, 2), replicas=(1, 2), log_end_offset=50)
-    assert ps.follower_high_watermark(s, log_end_offset=50, leader_high_watermark=70) == 50
-    assert ps.follower_high_watermark(s, log_end_offset=50, leader_high_watermark=30) == 30
-    assert ps.follower_high_watermark(s, log_end_offset=50, leader_high_watermark=5) == 10
+def test_follower_hw_is_the_leader_hw_within_log_start_and_leo() -> None:
+    assert ps.follower_high_watermark(log_start_offset=0, log_end_offset=50, leader_high_watermark=70) == 50
+    assert ps.follower_high_watermark(log_start_offset=0, log_end_offset=50, leader_high_watermark=30) == 30
+    # a new leader whose HW is below the old leader's: the follower's HW follows it down, as Kafka's does
+    assert ps.follower_high_watermark(log_start_offset=0, log_end_offset=50, leader_high_watermark=5) == 5
+    assert ps.follower_high_watermark(log_start_offset=8, log_end_offset=50, leader_high_watermark=5) == 8
 
 
 @given(st.lists(st.tuples(st.sampled_from([2, 3]), st.integers(0, 1000)), max_size=30),
