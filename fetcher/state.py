@@ -9,6 +9,7 @@ States (``FetchStatus``)::
     TRUNCATING --(truncation complete)--> FETCHING
     FETCHING   --(diverging epoch in a Fetch answer)--> TRUNCATING
     either     --(error: park until now + replica.fetch.backoff.ms)--> same status, parked
+    either     --(FENCED_LEADER_EPOCH: park until re-added at a new epoch)--> same status, parked
 
 A newly added partition starts TRUNCATING: before its first fetch the follower
 asks the leader (OffsetsForLeaderEpoch) where its latest epoch ends and cuts a
@@ -27,6 +28,8 @@ from dataclasses import dataclass, replace
 from common.wire import TopicPartition
 
 UNDEFINED_EPOCH = -1
+# parked_until_ms of a partition that waits to be added again (Kafka's failed partitions): no time reaches it
+PARKED_UNTIL_READDED = 2**62
 UNDEFINED_OFFSET = -1
 
 

@@ -44,6 +44,7 @@ from fetcher.endpoint import (
 )
 from fetcher.metrics import FetcherStats, TaskMetrics
 from fetcher.state import (
+    PARKED_UNTIL_READDED,
     UNDEFINED_EPOCH,
     EpochEndOffset,
     FetchStatus,
@@ -235,12 +236,20 @@ class FetcherTask:
         return self._partitions.follower_log(tp, sent.current_leader_epoch)
 
     def _park(self, tp: TopicPartition, state: PartitionFetchState, error: str, detail: str = "") -> None:
-        self._states.update_and_move_to_end(tp, state.parked(self._clock.monotonic_ms() + self._config.backoff_ms))
+        if error == ErrorCode.FENCED_LEADER_EPOCH.name:
+            # The leader is in a newer epoch than ours: asking again cannot help, only the LeaderAndIsr we
+            # missed can. As Kafka's onPartitionFenced (markPartitionFailed), the partition waits for it: it is
+            # parked until add_partitions gives it a new epoch (a fresh state); ``state`` is always the one
+            # the fenced request was sent with (callers check it is still current).
+            until_ms, backoff_ms = PARKED_UNTIL_READDED, None
+        else:
+            until_ms, backoff_ms = self._clock.monotonic_ms() + self._config.backoff_ms, self._config.backoff_ms
+        self._states.update_and_move_to_end(tp, state.parked(until_ms))
         self.stats.partition_errors += 1
         self._metrics.error(error)
         self._log.warning("fetcher_partition_parked", topic=tp.topic, partition=tp.partition,
                           leader_epoch=state.current_leader_epoch, offset=state.fetch_offset, error=error,
-                          detail=detail or None, backoff_ms=self._config.backoff_ms)
+                          detail=detail or None, backoff_ms=backoff_ms)
 
     def _high_watermark(self, tp: TopicPartition) -> int | None:
         getter = getattr(self._partitions, "follower_high_watermark", None)
