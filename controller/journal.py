@@ -131,7 +131,7 @@ class Journal:
         path = data_dir / JOURNAL_NAME
         raw = path.read_bytes() if path.exists() else b""
         frames, valid = read_frames(raw)
-        offset, replayed = _apply_frames(image, frames, offset)
+        offset, replayed = _apply_frames(image, frames, offset, path)
         if valid < len(raw):
             _refuse_damage_before_valid_frames(path, raw, valid)
             with open(path, "r+b") as f:
@@ -204,18 +204,22 @@ class Journal:
             self._lock_fd = -1
 
 
-def _apply_frames(image: MetadataImage, frames: list[dict[str, Any]], offset: int) -> tuple[int, int]:
+def _apply_frames(image: MetadataImage, frames: list[dict[str, Any]], offset: int, path: Path) -> tuple[int, int]:
     """Apply the records of the frames after ``offset`` (a snapshot at ``offset`` covers the others);
-    -> (the last frame's offset, records applied)."""
+    -> (the last frame's offset, records applied). ``JournalCorruptError`` for a frame whose checksum
+    holds but whose records do not decode (an unknown record type: written by a newer version)."""
     replayed = 0
-    for frame in frames:
-        frame_offset = int(frame.get("offset", -1))
-        if frame_offset <= offset:
-            continue
-        for d in frame.get("records") or []:
-            image.apply(record_from_dict(d))
-            replayed += 1
-        offset = frame_offset
+    try:
+        for frame in frames:
+            frame_offset = int(frame.get("offset", -1))
+            if frame_offset <= offset:
+                continue
+            for d in frame.get("records") or []:
+                image.apply(record_from_dict(d))
+                replayed += 1
+            offset = frame_offset
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise JournalCorruptError(f"{path}: a journal frame does not decode: {exc}") from exc
     return offset, replayed
 
 
@@ -276,8 +280,5 @@ def read_image(data_dir: Path) -> MetadataImage:
     frames, valid = read_frames(raw)
     if valid < len(raw):
         _refuse_damage_before_valid_frames(path, raw, valid)
-    try:
-        _apply_frames(image, frames, offset)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise JournalCorruptError(f"{path}: a journal frame does not decode: {exc}") from exc
+    _apply_frames(image, frames, offset, path)
     return image

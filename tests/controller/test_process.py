@@ -98,10 +98,14 @@ def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
     import subprocess
     import sys
 
+    from controller.journal import JOURNAL_NAME, encode_frame
     from tests.controller.proc_util import ROOT
 
     a_file = tmp_path / "file"
     a_file.write_text("not a directory")
+    newer = tmp_path / "newer"  # a journal record of a type this version does not know (a downgrade)
+    newer.mkdir()
+    (newer / JOURNAL_NAME).write_bytes(encode_frame({"offset": 1, "records": [{"type": "future_record"}]}))
     for data_dir, extra, message in (
             (tmp_path / "d", ["--listen", "nowhere"], "--listen: expected HOST:PORT, got 'nowhere'"),
             # '²' was once a ValueError traceback, '٣' was read as port 3
@@ -110,7 +114,8 @@ def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
             (tmp_path / "d", ["--listen", "127.0.0.1:65536"], "--listen: port must be 0-65535, got '127.0.0.1:65536'"),
             (tmp_path / "d", ["--listen", "127.0.0.1:0", "--set", "nope=1"], "error"),
             (tmp_path / "d", ["--listen", "127.0.0.1:0", "--set", "broker.session.timeout.ms=abc"], "error"),
-            (a_file, ["--listen", "127.0.0.1:0"], "error")):  # once a FileExistsError traceback
+            (a_file, ["--listen", "127.0.0.1:0"], "error"),  # once a FileExistsError traceback
+            (newer, ["--listen", "127.0.0.1:0"], "a journal frame does not decode")):  # once a ValueError traceback
         run = subprocess.run([sys.executable, "-m", "cli.main", "controller", "--data-dir", str(data_dir),
                               *extra], cwd=ROOT, capture_output=True, timeout=60)
         assert run.returncode == 2, run.stderr
