@@ -21,11 +21,19 @@ class MetadataCache:
     live_brokers_known: bool = False
 
     def update(self, controller_id: int, brokers: list[BrokerInfo] | None, states: list[PartitionStateMsg],
-               topic_configs: dict[str, dict[str, Any]], deleted_topics: list[str]) -> None:
+               topic_configs: dict[str, dict[str, Any]], deleted_topics: list[str], *, full: bool = False) -> None:
+        """``full``: ``states`` and ``topic_configs`` are the whole cluster's (a controller's sync after this
+        broker registered, was unfenced or the controller started): partitions and topics they leave out are
+        gone. A broker that missed a deletion's UpdateMetadata (fenced, or the controller restarted) kept the
+        topic for ever, and a re-created one with fewer partitions kept the extra ones (Kafka's FULL
+        UpdateMetadata, KIP-866, has the broker drop what it does not list)."""
         self.controller_id = controller_id
         if brokers is not None:  # UpdateMetadata carries every live broker; LeaderAndIsr passes None
             self.brokers = {b.node_id: b for b in brokers}
             self.live_brokers_known = True
+        if full:
+            self.partitions = {}
+            self.topic_configs = {}
         for s in states:
             self.partitions[s.tp] = s
         self.topic_configs.update(topic_configs)

@@ -429,7 +429,7 @@ class ReplicaManager:
             return {"error": int(error)}
         self.controller_epoch = req.header.controller_epoch
         self.metadata.update(req.header.controller_id, req.brokers, req.partition_states, req.topic_configs,
-                             req.deleted_topics)
+                             req.deleted_topics, full=req.full)
         # The cluster changed (a broker fenced and unfenced again, in one UpdateMetadata or learnt first from a
         # LeaderAndIsr's live leaders, leaves the live set as it was): a replica refused as ineligible may be
         # eligible now. Kafka remembers no refusal; this keeps one until the next UpdateMetadata, so a

@@ -293,6 +293,8 @@ class UpdateMetadataRequest:
     partition_states: list[PartitionStateMsg]
     topic_configs: dict[str, dict[str, Any]]
     deleted_topics: list[str]
+    # the whole cluster's metadata (Kafka's FULL UpdateMetadata, KIP-866): a topic it does not list is gone
+    full: bool = False
 
 
 def parse_update_metadata(body: Mapping[str, Any]) -> UpdateMetadataRequest:
@@ -300,7 +302,7 @@ def parse_update_metadata(body: Mapping[str, Any]) -> UpdateMetadataRequest:
     if not all(isinstance(t, str) for t in deleted):
         raise BadRequest("deleted_topics must be a list of strings")
     return UpdateMetadataRequest(_control_header(body), _brokers(body, "brokers"), _partition_states(body),
-                                 _topic_configs(body), deleted)
+                                 _topic_configs(body), deleted, field(body, "full", bool, False))
 
 
 def parse_metadata(body: Mapping[str, Any]) -> list[str] | None:

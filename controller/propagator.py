@@ -286,7 +286,8 @@ class Propagator:
         return {**self._header(reg), "brokers": live_endpoints(image),
                 "partition_states": [partition_state_wire(tp, image.partitions[tp]) for tp in sorted(tps)],
                 "topic_configs": {t: dict(image.topics[t]) for t in sorted(topics)},
-                "deleted_topics": sorted(t for t in work.deleted_topics if t not in image.topics)}
+                "deleted_topics": sorted(t for t in work.deleted_topics if t not in image.topics),
+                "full": work.metadata_full}
 
     def stop_replica_body(self, reg: BrokerRegistration, work: _Pending) -> dict[str, Any]:
         return {**self._header(reg),

@@ -214,11 +214,12 @@ class FakeController:
                 "topic_configs": topic_configs or {}}
         return await self._rpc.call(address, "leader_and_isr", body)
 
-    async def send_update_metadata(self, address: str, *, deleted_topics: list[str] | None = None) -> dict[str, Any]:
+    async def send_update_metadata(self, address: str, *, deleted_topics: list[str] | None = None,
+                                   full: bool = False) -> dict[str, Any]:
         body = {"controller_id": self.controller_id, "controller_epoch": self.controller_epoch, "broker_epoch": -1,
                 "brokers": self.broker_list(),
                 "partition_states": [p.state(tp) for tp, p in self.partitions.items()],
-                "topic_configs": {}, "deleted_topics": deleted_topics or []}
+                "topic_configs": {}, "deleted_topics": deleted_topics or [], "full": full}
         return await self._rpc.call(address, "update_metadata", body)
 
     async def send_stop_replica(self, address: str, tp: TopicPartition, *, delete: bool = False,

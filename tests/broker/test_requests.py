@@ -401,6 +401,27 @@ async def test_mixed_partitions_acks0_stale_stop_and_deleted_topic(start_broker:
     assert md["topics"][0]["error"] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 
 
+async def test_a_full_update_metadata_drops_the_topics_and_partitions_it_does_not_list(
+        start_broker: StartBroker, controller: FakeController, rpc: RpcClient) -> None:
+    # what a broker that missed a deletion (fenced, or the controller restarted) learns at its full sync
+    b = await start_broker()
+    gone, kept = TopicPartition("gone", 0), TopicPartition("kept", 0)
+    for tp in (gone, TopicPartition("gone", 1), kept, TopicPartition("kept", 1)):
+        await controller.elect(tp, leader=2, replicas=[2])  # on another broker: not in this one's logs
+
+    async def partitions(topic: str) -> tuple[int, list[int]]:
+        t = (await rpc.call(b.address, "metadata", {"topics": [topic]}))["topics"][0]
+        return t["error"], [p["partition"] for p in t["partitions"]]
+    controller.partitions.pop(gone)
+    controller.partitions.pop(TopicPartition("gone", 1))
+    controller.partitions.pop(TopicPartition("kept", 1))
+    await controller.send_update_metadata(b.address)  # a partial update merges: nothing forgotten
+    assert await partitions("gone") == (0, [0, 1]) and await partitions("kept") == (0, [0, 1])
+    await controller.send_update_metadata(b.address, full=True)
+    assert await partitions("gone") == (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, [])
+    assert await partitions("kept") == (0, [0])  # a re-created topic with fewer partitions
+
+
 async def test_unregistered_broker_refuses_orders_carrying_a_broker_epoch(tmp_path: Any, rpc: RpcClient,
                                                                          controller: FakeController) -> None:
     """A restarted broker that has not heard its registration answer must not obey requests addressed to

@@ -413,3 +413,43 @@ async def test_delete_topic_removes_replicas_and_the_name_is_reusable(cluster: C
         assert await read_all(c.rpc, c.address(part["leader"]), "old") == []
     finally:
         await c.rpc.close()
+
+
+async def test_a_broker_that_missed_a_deletion_forgets_the_topic_at_its_full_sync(cluster: Cluster) -> None:
+    # Found by review: a broker only forgot a topic when an UpdateMetadata named it deleted, which a fenced
+    # broker does not get (its queue is dropped) and a restarted controller does not resend. The sync after
+    # the broker is unfenced is a full UpdateMetadata now, and the broker drops what it does not list.
+    c = cluster
+    try:
+        await _start(c, 2)
+        await c.create("gone", 1, 1, {})
+        part = await c.wait_leading("gone")
+        other = 2 if part["leader"] == 1 else 1  # not a replica: the deletion completes without it
+
+        async def known_to_other() -> bool:
+            md = await c.rpc.call(c.address(other), "metadata", {"topics": ["gone"]}, timeout_s=3)
+            return bool(md["topics"][0]["error"] == 0)
+        await wait_until(known_to_other, 20, "the other broker knows the topic")
+
+        async def other_fenced(fenced: bool) -> bool:
+            status = await c.rpc.get_json(c.ctl, "/v1/status", timeout_s=2)
+            return any(b["node_id"] == other and b["fenced"] is fenced for b in status["brokers"])
+        P.pause(c.brokers[other])
+        await wait_until(lambda: other_fenced(True), 30, "the paused broker fenced")
+        resp = await c.rpc.call(c.ctl, "delete_topics", {"topics": ["gone"]})
+        assert resp["topics"][0]["error"] == 0
+
+        async def deleted() -> bool:
+            return "gone" not in (await c.rpc.get_json(c.ctl, "/v1/status"))["deleting"]
+        await wait_until(deleted, 30, "the deletion completed")
+        P.resume(c.brokers[other])
+        await wait_until(lambda: other_fenced(False), 30, "the broker unfenced")
+        await wait_until(lambda: _not(known_to_other), 30, "the broker forgot the deleted topic")
+        md = await c.rpc.call(c.address(other), "metadata", {"topics": ["gone"]}, timeout_s=3)
+        assert md["topics"][0]["error"] == int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+    finally:
+        await c.rpc.close()
+
+
+async def _not(cond: Callable[[], Awaitable[bool]]) -> bool:
+    return not await cond()
