@@ -431,6 +431,7 @@ async def produce_main(args: argparse.Namespace, stdin: BinaryIO, out: TextIO) -
 
     output = ReportOutput(out, stop)
     interrupts = 0
+    topic_error: list[MinibrokerError] = []  # a send refused for the topic, not the record: the end of pump
 
     def on_sigint() -> None:
         nonlocal interrupts
@@ -503,7 +504,10 @@ async def produce_main(args: argparse.Namespace, stdin: BinaryIO, out: TextIO) -
                         fut = producer.send_nowait(args.topic, value, key=key, partition=args.partition)
                 except MinibrokerError as exc:
                     if exc.code not in RECORD_ERRORS:
-                        raise
+                        # the topic itself failed (deleted meanwhile): read no more; the records already sent
+                        # are still waited for and counted in the summary, then this error ends the command
+                        topic_error.append(exc)
+                        return len(lines) - i
                     # this record alone is refused (too large): report it and go on with the next line, as
                     # Kafka's console producer does (its send hands the error to the record's callback)
                     counts["sent"] += 1
@@ -539,8 +543,9 @@ async def produce_main(args: argparse.Namespace, stdin: BinaryIO, out: TextIO) -
         with contextlib.suppress(_Stopped):
             unsent = await pump()
         # a stop after stdin's end (a report that broke stdout while the last ones were answered) is no stop
-        stopped_reading = stopping.is_set() and not reader.at_end
+        stopped_reading = (stopping.is_set() or bool(topic_error)) and not reader.at_end
         if stopped_reading:
+            reader.stop()
             unsent += reader.unread_lines()
         await settle()
         await asyncio.sleep(0)  # let the last done-callbacks run
@@ -562,10 +567,13 @@ async def produce_main(args: argparse.Namespace, stdin: BinaryIO, out: TextIO) -
     if interrupts or (output.broken and stopped_reading):
         # `| head` stops reading stdin as Ctrl-C does (the reports' reader is gone); the lines left are not
         # sent, which is said, and is no success (it used to end quietly with status 0)
-        print(f"minibroker: {'interrupted' if interrupts else 'stdout closed'}: {unsent} "
-              f"line{'s' if unsent != 1 else ''} read from stdin {'was' if unsent == 1 else 'were'} not sent"
+        print(f"minibroker: {'interrupted' if interrupts else 'stdout closed'}: {_not_sent(unsent)}"
               + ("" if interrupts else " (and stdin was not read to its end)"), file=sys.stderr)
         return 130 if interrupts else 1
+    if topic_error:
+        print(f"minibroker: {_not_sent(unsent)}" + (" (and stdin was not read to its end)" if stopped_reading else ""),
+              file=sys.stderr)
+        raise topic_error[0]
     return 1 if not_acked else 0
 
 
@@ -686,6 +694,10 @@ async def topic_deleted(consumer: Any, topic: str) -> bool:
     except NoBrokersAvailableError:
         return False
     return gone()
+
+
+def _not_sent(lines: int) -> str:
+    return f"{lines} line{'s' if lines != 1 else ''} read from stdin {'was' if lines == 1 else 'were'} not sent"
 
 
 def start_offset(text: str) -> int | str:

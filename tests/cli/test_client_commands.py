@@ -523,3 +523,38 @@ async def test_the_line_reader_tells_the_end_of_stdin_from_a_stop() -> None:
         os.close(w)  # the reader thread sees the end and stops; then its descriptor goes
         await asyncio.sleep(0.1)
         os.close(r)
+
+
+async def test_a_topic_deleted_while_producing_still_ends_with_the_summary(fake: FakeCluster) -> None:
+    # Found by review: the send that found the topic gone raised through the command, which then ended
+    # without its summary: the lines read and never sent were not counted, the records in flight not reported
+    proc = await start_produce(fake, "--delivery-report", "--delivery-timeout-ms", "3000", "--max-block-ms", "1000")
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(b"a\nb\n")
+        await proc.stdin.drain()
+        reports = [json.loads(await asyncio.wait_for(proc.stdout.readline(), 20)) for _ in range(2)]
+        assert all(r["offset"] >= 0 for r in reports)
+        for tp in [tp for tp in fake.partitions if tp.topic == TOPIC]:
+            del fake.partitions[tp]
+        for i in range(20):  # until the producer has learnt the topic is gone (bounded: 20 x 0.3 s)
+            if proc.returncode is not None:
+                break
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                proc.stdin.write(f"after {i}\n".encode())
+                await proc.stdin.drain()
+            await asyncio.sleep(0.3)
+        status, out, err = await finish(proc)
+    finally:
+        proc.stdin.close()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert status == 1 and "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("minibroker: error: UNKNOWN_TOPIC_OR_PARTITION"), err
+    assert any(" records were not acknowledged " in line for line in lines), err
+    assert any(line.startswith("minibroker: ") and " read from stdin " in line and "not sent" in line
+               for line in lines), err
+    reported = [json.loads(line) for line in out.splitlines()]  # after the first two, read above
+    assert reported and all("error" in r for r in reported), out  # the lines sent after the deletion
