@@ -268,6 +268,11 @@ class Consumer:
         limit = self.config.max_poll_records if max_records is None else check_int("max_records", max_records, 1)
         deadline = self._clock.monotonic_ms() + timeout_ms
         while not self._buffer:
+            # fetches and resets that finished since the last poll first: poll(0) (Kafka's poll(Duration.ZERO))
+            # returns what has arrived; it used to give up before looking at them, and a loop of it got nothing
+            self._collect([t for t in self._in_flight.values() if t.done()])
+            if self._buffer:
+                break
             needs = self._positions.needs_reset()
             if needs:
                 self._spawn_reset(needs)
@@ -280,16 +285,19 @@ class Consumer:
                 continue
             done, _ = await asyncio.wait(list(self._in_flight.values()), timeout=remaining_ms / 1000,
                                          return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                # out of _in_flight before its result is read: a task that failed is raised once, never again
-                # by every later poll, and its work (a fetch, a reset) can be started anew
-                for key in [k for k, t in self._in_flight.items() if t is task]:
-                    del self._in_flight[key]
-                self._handle(task.result())
+            self._collect(done)
         out: list[ConsumerRecord] = []
         while self._buffer and len(out) < limit:
             out.append(self._buffer.popleft())
         return out
+
+    def _collect(self, done: Iterable[asyncio.Task[_FetchResult]]) -> None:
+        for task in done:
+            # out of _in_flight before its result is read: a task that failed is raised once, never again
+            # by every later poll, and its work (a fetch, a reset) can be started anew
+            for key in [k for k, t in self._in_flight.items() if t is task]:
+                del self._in_flight[key]
+            self._handle(task.result())
 
     def _start_fetches(self, deadline_ms: int) -> None:
         now = self._clock.monotonic_ms()
@@ -468,7 +476,9 @@ class Consumer:
             self._positions.set_high_watermark(tp, hw)
             records, next_offset, corrupt = decode_fetched(tp, p.get("records") or b"", hw)
             accepted = self._positions.accept(tp, fetch_offset, records)
-            if not accepted and next_offset > fetch_offset and (hw < 0 or next_offset <= hw):
+            if accepted:
+                self._positions.move_to_end(tp)
+            elif next_offset > fetch_offset and (hw < 0 or next_offset <= hw):
                 self._positions.advance_to(tp, fetch_offset, next_offset)
             self._buffer.extend(accepted)
             if corrupt is not None and not accepted and self._positions.get(tp).offset == fetch_offset:

@@ -56,14 +56,16 @@ class PartitionPosition:
 
 class Positions:
     def __init__(self) -> None:
-        self._state: dict[TopicPartition, PartitionPosition] = {}
+        self._state: dict[TopicPartition, PartitionPosition] = {}  # in the order fetches list them
+        self._assigned: list[TopicPartition] = []  # in the order assigned
 
     def assign(self, tps: Iterable[TopicPartition]) -> None:
         new = list(dict.fromkeys(tps))
         self._state = {tp: self._state.get(tp, PartitionPosition(None)) for tp in new}
+        self._assigned = new
 
     def assigned(self) -> list[TopicPartition]:
-        return list(self._state)
+        return list(self._assigned)
 
     def is_assigned(self, tp: TopicPartition) -> bool:
         return tp in self._state
@@ -82,6 +84,14 @@ class Positions:
         if offset is not None and not 0 <= offset <= 2**63 - 1:
             raise ValueError(f"offset must be >= 0 and < 2**63, got {offset}")
         self._state[tp] = PartitionPosition(offset)
+
+    def move_to_end(self, tp: TopicPartition) -> None:
+        """``tp`` goes last in the order fetches list partitions (Kafka's ``movePartitionToEnd`` once a
+        partition's records were handed out): a broker fills a fetch in the order it lists them, so without
+        it a partition with a backlog could starve the ones listed after it."""
+        s = self._state.pop(tp, None)
+        if s is not None:
+            self._state[tp] = s
 
     def needs_reset(self) -> list[TopicPartition]:
         return [tp for tp, s in self._state.items() if s.offset is None]

@@ -337,7 +337,7 @@ class FakeCluster:
         return {"topics": topics}
 
     def _read(self, node_id: int, tp: TopicPartition, offset: int, max_bytes: int,
-              current_leader_epoch: int = -1) -> dict[str, Any]:
+              current_leader_epoch: int = -1, min_one: bool = True) -> dict[str, Any]:
         code = self._check(node_id, tp)
         part = self.partitions.get(tp)
         stale = self.stale_leaders.get((node_id, tp))
@@ -361,7 +361,7 @@ class FakeCluster:
         for start, end, data in part.batches:
             if end <= offset or start < part.log_start_offset:
                 continue
-            if end > part.high_watermark or (chunks and size + len(data) > max_bytes):
+            if end > part.high_watermark or ((chunks or not min_one) and size + len(data) > max_bytes):
                 break
             chunks.append(data)
             size += len(data)
@@ -374,11 +374,15 @@ class FakeCluster:
         while True:
             topics = []
             total = 0
+            size = 0  # as the real broker: the request's max_bytes over all partitions, in the order listed, and
+            # at least one batch only for the first (the first partition with data gets one whole batch)
             for t in body["topics"]:
                 parts = []
                 for p in t["partitions"]:
+                    budget = min(p["partition_max_bytes"], body["max_bytes"] - size)
                     r = self._read(node_id, TopicPartition(t["topic"], p["partition"]), p["fetch_offset"],
-                                   p["partition_max_bytes"], p.get("current_leader_epoch", -1))
+                                   budget, p.get("current_leader_epoch", -1), min_one=size == 0)
+                    size += len(r["records"])
                     total += len(r["records"]) + (1 if r["error"] else 0)
                     parts.append(r)
                 topics.append({"topic": t["topic"], "partitions": parts})

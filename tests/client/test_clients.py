@@ -527,3 +527,42 @@ async def test_waiting_for_a_topic_can_end_when_the_brokers_keep_saying_it_does_
         with pytest.raises(MinibrokerError, match="topic 'nosuch' does not exist") as info:
             await asyncio.wait_for(consumer.assign_topic("nosuch", timeout_ms=600_000, unknown_after_ms=200), 20)
         assert info.value.code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+async def test_poll_with_no_timeout_returns_what_has_arrived(fake: FakeCluster) -> None:
+    # Found by review: poll(timeout_ms=0) gave up before looking at the fetches that had finished, so a loop of
+    # it never got a record (Kafka's poll(Duration.ZERO) returns what was fetched meanwhile)
+    tp = TopicPartition(TOPIC, 0)
+    async with Producer(fake.bootstrap, fast()) as producer:
+        for i in range(5):
+            await producer.send(TOPIC, f"v{i}".encode(), partition=0)
+    got: list[bytes | None] = []
+    async with Consumer(fake.bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=100) as consumer:
+        consumer.assign([tp])
+        for _ in range(200):  # bounded: 200 x 10 ms
+            got += [r.value for r in await consumer.poll(timeout_ms=0)]
+            if len(got) == 5:
+                break
+            await asyncio.sleep(0.01)
+    assert got == [f"v{i}".encode() for i in range(5)]
+
+
+async def test_a_partition_with_a_backlog_does_not_starve_the_next_one_on_its_leader(fake: FakeCluster) -> None:
+    # Found by review: fetches listed partitions in assignment order, and a broker gives its one whole batch
+    # beyond max_bytes to the first listed; a partition listed after one with a backlog got nothing until that
+    # backlog was read. As Kafka's consumer, a partition whose records were handed out goes last.
+    a, b = TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 2)
+    assert fake.partitions[a].leader == fake.partitions[b].leader
+    async with Producer(fake.bootstrap, fast(linger_ms=0)) as producer:
+        for i in range(8):  # one batch each
+            await producer.send_and_wait(TOPIC, f"a{i}".encode(), partition=0)
+            await producer.send_and_wait(TOPIC, f"b{i}".encode(), partition=2)
+    order: list[int] = []
+    async with Consumer(fake.bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=100,
+                        fetch_max_bytes=1) as consumer:  # one batch per fetch
+        consumer.assign([a, b])
+        for _ in range(50):  # bounded
+            order += [r.partition for r in await consumer.poll(timeout_ms=500)]
+            if len(order) >= 4:
+                break
+    assert set(order[:4]) == {0, 2}, order
