@@ -154,7 +154,7 @@ class Consumer:
         addresses = parse_bootstrap(bootstrap)  # TypeError/ValueError now, not on first use (as the producer)
         self.config = config
         self._clock = clock or SystemClock()
-        self._rpc = RpcClient(limit_per_host=4, timeout_s=config.request_timeout_ms / 1000 + 5)
+        self._rpc = RpcClient(limit_per_host=4, timeout_s=config.request_timeout_ms / 1000)
         self.metadata = MetadataCache(self._rpc, addresses, clock=self._clock,
                                       retry_backoff_ms=config.retry_backoff_ms)
         self._positions = Positions()

@@ -288,7 +288,7 @@ class Producer:
         self.config = config
         self._clock = clock or SystemClock()
         self._rpc = RpcClient(limit_per_host=config.max_in_flight_requests_per_connection,
-                              timeout_s=config.request_timeout_ms / 1000 + 5)
+                              timeout_s=config.request_timeout_ms / 1000)
         self.metadata = MetadataCache(self._rpc, addresses, clock=self._clock,
                                       retry_backoff_ms=config.retry_backoff_ms)
         self._acc = RecordAccumulator(batch_size=config.batch_size, linger_ms=config.linger_ms,
@@ -763,8 +763,10 @@ class Producer:
             body = self._request(drained)
             try:
                 try:
+                    # request.timeout.ms, as Kafka's NetworkClient expires a request (it was 5 s more: a request
+                    # stuck on a paused leader was retried that much later, past a short delivery.timeout.ms)
                     resp = await self._rpc.call(address, "produce", body,
-                                                timeout_s=self.config.request_timeout_ms / 1000 + 5)
+                                                timeout_s=self.config.request_timeout_ms / 1000)
                 finally:
                     _mark_answered(drained)
             except RpcBadRequest as exc:

@@ -237,3 +237,16 @@ async def _outcome(future: Any) -> int | str:
         return int((await future).offset)
     except MinibrokerError as exc:
         return exc.code.name
+
+
+async def test_a_request_the_leader_never_answers_is_retried_after_request_timeout_ms(fake: FakeCluster) -> None:
+    # Found by review: the producer waited request.timeout.ms + 5 s for an answer, so with a delivery timeout
+    # shorter than that, a request stuck on a paused leader was never retried: its records expired
+    fake.hold_produce.clear()  # the leader reads the request and does not answer
+    async with Producer(fake.bootstrap, fast(linger_ms=0, request_timeout_ms=500, delivery_timeout_ms=4_000,
+                                             retry_backoff_ms=20)) as producer:
+        fut = await producer.send(TOPIC, b"x", partition=0)
+        await until(lambda: fake.produce_requests >= 2, "a second attempt within the delivery timeout")
+        fake.hold_produce.set()
+        meta = await asyncio.wait_for(asyncio.shield(fut), 30)
+    assert meta.offset >= 0
