@@ -303,6 +303,7 @@ class Consumer:
         now = self._clock.monotonic_ms()
         md = self.metadata.current
         by_leader: dict[str, list[tuple[TopicPartition, int]]] = {}
+        epochs: dict[TopicPartition, int] = {}  # of the last record returned, per partition fetched
         need_refresh = False
         for tp in self._positions.fetchable():
             if tp in self._fetching or self._backoff_until.get(tp, 0) > now:
@@ -314,9 +315,10 @@ class Consumer:
                 self._report_unknown(tp)
                 need_refresh = True
                 continue
-            offset = self._positions.get(tp).offset
-            assert offset is not None
-            by_leader.setdefault(leader[1], []).append((tp, offset))
+            position = self._positions.get(tp)
+            assert position.offset is not None
+            by_leader.setdefault(leader[1], []).append((tp, position.offset))
+            epochs[tp] = position.leader_epoch
         if need_refresh:
             self._spawn_refresh()
         max_wait_ms = max(0, min(self.config.fetch_max_wait_ms, deadline_ms - now))
@@ -325,7 +327,7 @@ class Consumer:
                 continue
             offsets = dict(items)
             self._fetching.update(offsets)
-            self._in_flight[address] = asyncio.create_task(self._fetch(address, offsets, max_wait_ms))
+            self._in_flight[address] = asyncio.create_task(self._fetch(address, offsets, epochs, max_wait_ms))
 
     def _report_unknown(self, tp: TopicPartition) -> None:
         """Log once when metadata says ``tp`` does not exist: it yields nothing (as in Kafka, where an
@@ -416,12 +418,15 @@ class Consumer:
         info = self.metadata.current.partitions.get(tp)
         return info.leader_epoch if info is not None else -1
 
-    async def _fetch(self, address: str, offsets: dict[TopicPartition, int], max_wait_ms: int) -> _FetchResult:
+    async def _fetch(self, address: str, offsets: dict[TopicPartition, int], epochs: dict[TopicPartition, int],
+                     max_wait_ms: int) -> _FetchResult:
         topics: dict[str, list[dict[str, Any]]] = {}
         for tp, offset in offsets.items():
             topics.setdefault(tp.topic, []).append({
                 "partition": tp.partition, "fetch_offset": offset, "current_leader_epoch": self._leader_epoch(tp),
-                "last_fetched_epoch": -1, "log_start_offset": -1,
+                # the epoch of the last record returned: a leader whose log diverged from it there (an unclean
+                # election cut what this consumer read) answers where that epoch ends (KIP-320)
+                "last_fetched_epoch": epochs.get(tp, -1), "log_start_offset": -1,
                 "partition_max_bytes": self.config.max_partition_fetch_bytes})
         body = {"replica_id": -1, "broker_epoch": -1, "max_wait_ms": max_wait_ms,
                 "min_bytes": self.config.fetch_min_bytes, "max_bytes": self.config.fetch_max_bytes,
@@ -470,6 +475,12 @@ class Consumer:
 
     def _handle_partition(self, tp: TopicPartition, fetch_offset: int, p: dict[str, Any]) -> None:
         code = ErrorCode.of(int(p.get("error", 0)))
+        diverging = p.get("diverging_epoch")
+        if code is ErrorCode.NONE and isinstance(diverging, dict):
+            self._fetch_errors.pop(tp, None)
+            self._truncation_detected(tp, fetch_offset, int(diverging.get("epoch", -1)),
+                                      int(diverging.get("end_offset", -1)))
+            return
         if code is ErrorCode.NONE:
             self._fetch_errors.pop(tp, None)
             hw = int(p.get("high_watermark", -1))
@@ -498,14 +509,45 @@ class Consumer:
             return
         raise error_for(code, f"{code.name}: fetching {tp} at offset {fetch_offset}")
 
+    def _truncation_detected(self, tp: TopicPartition, offset: int, epoch: int, end_offset: int) -> None:
+        """The leader's log diverges from what this consumer read: the epoch of the last record it returned
+        ends at ``end_offset`` there (Kafka's consumer learns the same from OffsetsForLeaderEpoch when it
+        validates its position after a leader change, SubscriptionState.maybeCompleteValidation). Below
+        the position, the records from ``end_offset`` on were replaced (an unclean election): the position
+        goes back to the first offset known to diverge, so the new records there are read, not skipped
+        (the position inside the new log) nor read again from the start (the position past its end, which
+        used to reset by auto.offset.reset). With auto.offset.reset=none that is an error, as Kafka's
+        LogTruncationException."""
+        if end_offset < 0 or epoch < 0:
+            return  # not an answer to act on; the next fetch asks again
+        if end_offset >= offset:  # our last epoch ends at or past the position there: only learn its epoch
+            self._positions.validated(tp, offset, offset, epoch)
+            return
+        log.warning("consumer_truncation_detected", topic=tp.topic, partition=tp.partition, offset=offset,
+                    diverging_epoch=epoch, diverging_offset=end_offset)
+        if self.config.auto_offset_reset is OffsetReset.NONE:
+            self._backoff([tp])
+            raise error_for(ErrorCode.OFFSET_OUT_OF_RANGE,
+                            f"log truncation detected for {tp} at offset {offset}: the records from offset "
+                            f"{end_offset} on were replaced by the leader (an unclean election); seek to "
+                            f"{end_offset} to read the new ones")
+        if self._positions.validated(tp, offset, end_offset, epoch):
+            self._buffer = deque(r for r in self._buffer
+                                 if (r.topic, r.partition) != tp or r.offset < end_offset)
+
     def _out_of_range(self, tp: TopicPartition, offset: int, log_start: int, log_end: int) -> None:
-        position = self._positions.get(tp).offset
-        if position != offset:
+        state = self._positions.get(tp)
+        if state.offset != offset:
             return
         really_outside = (log_start >= 0 and offset < log_start) or (log_end >= 0 and offset > log_end)
         log.info("consumer_offset_out_of_range", topic=tp.topic, partition=tp.partition, offset=offset,
                  log_start_offset=log_start, log_end_offset=log_end, reset=really_outside)
         if not really_outside:
+            if state.leader_epoch >= 0:
+                # a leader that cannot place our last epoch (older than every epoch it keeps, after
+                # retention) answers OFFSET_OUT_OF_RANGE to a position inside its log: fetch on without the
+                # check, as Kafka's consumer completes validation when the leader has no end for the epoch
+                self._positions.validated(tp, offset, offset, -1)
             self._backoff([tp])  # a lagging HW on a new leader: keep the position, retry
             return
         if self.config.auto_offset_reset is OffsetReset.NONE:

@@ -122,6 +122,16 @@ class Positions:
         self._state[tp] = PartitionPosition(position, epoch, s.high_watermark)
         return out
 
+    def validated(self, tp: TopicPartition, fetch_offset: int, offset: int, leader_epoch: int) -> bool:
+        """The leader said where the epoch of the last record returned ends (KIP-320): the position moves to
+        ``offset`` (the first offset known to diverge, when it is below the position) and takes
+        ``leader_epoch``, the leader's own epoch there. False if the position moved meanwhile."""
+        s = self._state.get(tp)
+        if s is None or s.offset != fetch_offset:
+            return False
+        self._state[tp] = PartitionPosition(offset, leader_epoch, s.high_watermark)
+        return True
+
     def advance_to(self, tp: TopicPartition, fetch_offset: int, next_offset: int) -> None:
         """A batch with no visible records (e.g. all below position) still moves past its end."""
         s = self._state.get(tp)

@@ -125,6 +125,28 @@ class FakePartition:
     def high_watermark(self) -> int:
         return max(self.log_start_offset, self.log_end_offset - self.hw_lag)
 
+    def epoch_end(self, epoch: int) -> tuple[int, int]:
+        """The real broker's end_offset_for_epoch, from the batches' stamped epochs: the largest epoch at or
+        below ``epoch`` and where it ends; (-1, -1) when there is none."""
+        starts: list[tuple[int, int]] = []  # (epoch, start offset), as a leader-epoch cache
+        for start, _, data in self.batches:
+            e = next(iter_batches(data))[1].partition_leader_epoch
+            if not starts or e != starts[-1][0]:
+                starts.append((e, start))
+        below = [i for i, (e, _) in enumerate(starts) if e <= epoch]
+        if not below:
+            return -1, -1
+        i = below[-1]
+        return starts[i][0], starts[i + 1][1] if i + 1 < len(starts) else self.log_end_offset
+
+    def cut_and_bump_epoch(self, offset: int) -> None:
+        """An unclean election's new leader: its log ends at ``offset`` (a batch boundary) and it leads a newer
+        epoch; what the old leader had from ``offset`` on is gone."""
+        assert any(start == offset for start, _, _ in self.batches) or offset == self.log_end_offset
+        self.batches = [b for b in self.batches if b[0] < offset]
+        self.log_end_offset = offset
+        self.leader_epoch += 1
+
 
 class FakeCluster:
     def __init__(self) -> None:
@@ -337,7 +359,7 @@ class FakeCluster:
         return {"topics": topics}
 
     def _read(self, node_id: int, tp: TopicPartition, offset: int, max_bytes: int,
-              current_leader_epoch: int = -1, min_one: bool = True) -> dict[str, Any]:
+              current_leader_epoch: int = -1, min_one: bool = True, last_fetched_epoch: int = -1) -> dict[str, Any]:
         code = self._check(node_id, tp)
         part = self.partitions.get(tp)
         stale = self.stale_leaders.get((node_id, tp))
@@ -353,6 +375,14 @@ class FakeCluster:
             return base
         base.update(high_watermark=part.high_watermark, log_start_offset=part.log_start_offset,
                     log_end_offset=part.log_end_offset)
+        if last_fetched_epoch >= 0 and offset >= part.log_start_offset:  # KIP-320, before the range check
+            epoch, end = part.epoch_end(last_fetched_epoch)
+            if epoch < 0:
+                base["error"] = int(ErrorCode.OFFSET_OUT_OF_RANGE)
+                return base
+            if end < offset or epoch < last_fetched_epoch:
+                base["diverging_epoch"] = {"epoch": epoch, "end_offset": end}
+                return base
         if offset < part.log_start_offset or offset > part.high_watermark:
             base["error"] = int(ErrorCode.OFFSET_OUT_OF_RANGE)
             return base
@@ -381,7 +411,8 @@ class FakeCluster:
                 for p in t["partitions"]:
                     budget = min(p["partition_max_bytes"], body["max_bytes"] - size)
                     r = self._read(node_id, TopicPartition(t["topic"], p["partition"]), p["fetch_offset"],
-                                   budget, p.get("current_leader_epoch", -1), min_one=size == 0)
+                                   budget, p.get("current_leader_epoch", -1), min_one=size == 0,
+                                   last_fetched_epoch=p.get("last_fetched_epoch", -1))
                     size += len(r["records"])
                     total += len(r["records"]) + (1 if r["error"] else 0)
                     parts.append(r)

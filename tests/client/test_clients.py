@@ -566,3 +566,71 @@ async def test_a_partition_with_a_backlog_does_not_starve_the_next_one_on_its_le
             if len(order) >= 4:
                 break
     assert set(order[:4]) == {0, 2}, order
+
+
+async def _read_then_cut(fake: FakeCluster, tp: TopicPartition, consumer: Consumer, cut: int, new: int) -> None:
+    """10 records (one batch each) read by ``consumer``; then an unclean election: the new leader's log ends at
+    ``cut`` and it takes ``new`` other records (another producer) from there."""
+    async with Producer(fake.bootstrap, fast(linger_ms=0)) as producer:
+        for i in range(10):
+            await producer.send_and_wait(TOPIC, f"old{i}".encode(), partition=tp.partition)
+    consumer.assign([tp])
+    consumer.seek(tp, 0)
+    seen: list[object] = []
+    for _ in range(50):  # bounded
+        seen += [r.value for r in await consumer.poll(timeout_ms=200)]
+        if len(seen) >= 10:
+            break
+    assert seen == [f"old{i}".encode() for i in range(10)]
+    fake.partitions[tp].cut_and_bump_epoch(cut)
+    async with Producer(fake.bootstrap, fast(linger_ms=0)) as producer:
+        for i in range(new):
+            await producer.send_and_wait(TOPIC, f"new{cut + i}".encode(), partition=tp.partition)
+
+
+@pytest.mark.parametrize("new", [2, 8], ids=["position-past-the-new-end", "position-inside-the-new-log"])
+async def test_a_consumer_detects_a_truncation_below_its_position(fake: FakeCluster, new: int) -> None:
+    # Found by review (KIP-320): after an unclean election cut the log below the consumer's position, the
+    # consumer reset to offset 0 and read everything again (position past the new end), or went on at its
+    # position and skipped the new records in between (position inside the new log). It now sends the epoch
+    # of the last record it returned; the leader answers where that epoch ends, and it goes back there.
+    tp = TopicPartition(TOPIC, 0)
+    async with Consumer(fake.bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=100) as consumer:
+        await _read_then_cut(fake, tp, consumer, cut=6, new=new)
+        got: list[tuple[int, object]] = []
+        for _ in range(50):  # bounded
+            got += [(r.offset, r.value) for r in await consumer.poll(timeout_ms=200)]
+            if len(got) >= new:
+                break
+        assert got == [(6 + i, f"new{6 + i}".encode()) for i in range(new)]
+        assert await consumer.poll(timeout_ms=300) == []
+
+
+async def test_a_truncation_below_the_position_is_an_error_without_a_reset_policy(fake: FakeCluster) -> None:
+    tp = TopicPartition(TOPIC, 0)
+    async with Consumer(fake.bootstrap, auto_offset_reset="none", fetch_max_wait_ms=100) as consumer:
+        await _read_then_cut(fake, tp, consumer, cut=6, new=2)
+        with pytest.raises(MinibrokerError, match=r"log truncation detected .* from offset 6 on") as caught:
+            for _ in range(50):  # bounded
+                await consumer.poll(timeout_ms=200)
+        assert caught.value.code is ErrorCode.OFFSET_OUT_OF_RANGE
+        assert await consumer.position(tp) == 10  # left where it was: seeking is the caller's choice
+
+
+async def test_a_leader_that_no_longer_has_the_consumers_epoch_is_read_on(fake: FakeCluster) -> None:
+    # retention removed every batch of the epoch the consumer last read: the leader cannot place that epoch
+    # and answers OFFSET_OUT_OF_RANGE to a position inside its log; the consumer fetches on without the
+    # check (as Kafka's completes validation when the leader has no end for the epoch), not in a loop
+    tp = TopicPartition(TOPIC, 0)
+    async with Consumer(fake.bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=100) as consumer:
+        await _read_then_cut(fake, tp, consumer, cut=10, new=0)  # a new epoch, nothing cut
+        part = fake.partitions[tp]
+        part.batches, part.log_start_offset = [], 10  # retention
+        async with Producer(fake.bootstrap, fast(linger_ms=0)) as producer:
+            await producer.send_and_wait(TOPIC, b"after", partition=0)
+        got: list[tuple[int, object]] = []
+        for _ in range(50):  # bounded
+            got += [(r.offset, r.value) for r in await consumer.poll(timeout_ms=200)]
+            if got:
+                break
+        assert got == [(10, b"after")]
