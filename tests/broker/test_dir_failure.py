@@ -91,6 +91,20 @@ async def test_a_leader_and_isr_whose_epoch_checkpoint_cannot_be_written_fails_t
     assert len(failures) == 1 and "leader-epoch-checkpoint" in failures[0][1], failures
 
 
+async def put_a_directory_in_place_of(tmp: Path) -> None:
+    """mkdir ``tmp``, a checkpoint's temp file name: a periodic checkpoint running meanwhile holds that name as a
+    file for the moment between its create and its rename, so a collision is tried again once it is free."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            tmp.mkdir()
+            break
+        except FileExistsError:
+            assert time.monotonic() < deadline, f"{tmp} never came free"
+            await asyncio.sleep(0.005)
+    assert tmp.is_dir()
+
+
 async def test_a_hw_checkpoint_that_cannot_be_written_fails_the_dir_once(
         start_broker: StartBroker, controller: FakeController, rpc: RpcClient,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -101,7 +115,7 @@ async def test_a_hw_checkpoint_that_cannot_be_written_fails_the_dir_once(
                            sets={"replica.high.watermark.checkpoint.interval.ms": 50})
     await controller.elect(TP, leader=1, replicas=[1])
     assert part(await rpc.call(b.address, "produce", produce_body(batch())))["error"] == 0
-    (b.opts.data_dir / "replication-offset-checkpoint.tmp").mkdir()
+    await put_a_directory_in_place_of(b.opts.data_dir / "replication-offset-checkpoint.tmp")
     deadline = time.monotonic() + 20
     while not failures:
         assert time.monotonic() < deadline, "the HW checkpoint failure never reached the handler"

@@ -10,9 +10,10 @@ from broker import partition_state as ps
 LAG = 10_000
 
 
-def leader(isr: tuple[int, ...] = (1, 2, 3), leo: int = 100, hw: int = 100, now: int = 0) -> ps.PartitionState:
+def leader(isr: tuple[int, ...] = (1, 2, 3), leo: int = 100, hw: int = 100, now: int = 0,
+           replicas: tuple[int, ...] = (1, 2, 3)) -> ps.PartitionState:
     base = ps.PartitionState(broker_id=1, high_watermark=hw)
-    return ps.become_leader(base, leader_epoch=5, partition_epoch=7, isr=isr, replicas=(1, 2, 3),
+    return ps.become_leader(base, leader_epoch=5, partition_epoch=7, isr=isr, replicas=replicas,
                             leader_end_offset=leo, high_watermark=hw, now_ms=now)
 
 
@@ -62,6 +63,28 @@ def test_expansion_needs_hw_and_epoch_start() -> None:
                               replica_lag_time_max_ms=LAG) is None  # one in flight
 
 
+def test_expansion_needs_everything_committed_not_just_the_epoch_start() -> None:
+    # the HW moved past the epoch start: a follower one record short of the HW lacks a committed record and
+    # must not join the ISR (it could be elected and lose it) until it has it
+    s = leader(isr=(1, 2), hw=100, leo=100)  # epoch start offset = 100
+    s = ps.advance_high_watermark(fetch(s, 2, 150, 1, 150), 150)
+    assert s.high_watermark == 150
+    s = fetch(s, 3, 149, 2, 150)
+    assert ps.expansion_candidates(s) == ()
+    s = fetch(s, 3, 150, 3, 150)
+    assert ps.expansion_candidates(s) == (3,)
+
+
+def test_only_one_isr_change_in_flight_even_with_more_candidates() -> None:
+    # two followers could join; while the change adding the first is pending, nothing more is proposed
+    s = leader(isr=(1, 2), hw=100, leo=100, replicas=(1, 2, 3, 4))
+    s = fetch(fetch(s, 3, 100, 1, 100), 4, 100, 1, 100)
+    change = ps.next_isr_change(s, now_ms=2, leader_end_offset=100, replica_lag_time_max_ms=LAG)
+    assert change == ps.PendingIsrChange(new_isr=(1, 2, 3), is_expand=True)
+    assert ps.next_isr_change(s._replace(pending=change), now_ms=2, leader_end_offset=100,
+                              replica_lag_time_max_ms=LAG) is None
+
+
 def test_shrink_after_lag_time_only() -> None:
     s = leader(isr=(1, 2, 3), leo=100, now=0)
     s = fetch(s, 2, 100, 100, 100)
@@ -72,6 +95,53 @@ def test_shrink_after_lag_time_only() -> None:
     assert ps.shrink_candidates(s, now_ms=LAG + 101, leader_end_offset=150, replica_lag_time_max_ms=LAG) == (3,)
     change = ps.next_isr_change(s, now_ms=LAG + 101, leader_end_offset=150, replica_lag_time_max_ms=LAG)
     assert change == ps.PendingIsrChange(new_isr=(1, 2), is_expand=False)
+
+
+def test_shrink_counts_from_the_last_catch_up_not_the_last_fetch() -> None:
+    # a follower fetching every second but always behind a faster-growing leader is out of sync once the
+    # lag time has passed since it last caught up, however recently it fetched
+    s = leader(isr=(1, 2), leo=100, now=0)
+    leo = 100
+    for t in range(1, 30):
+        leo += 100
+        s = fetch(s, 2, leo - 150, t * 1_000, leo)
+    assert ps.shrink_candidates(s, now_ms=29_500, leader_end_offset=leo, replica_lag_time_max_ms=LAG) == (2,)
+
+
+def test_a_follower_at_the_leader_leo_stays_in_sync_however_long_idle() -> None:
+    # nothing written: a follower holding the leader's LEO is caught up, whenever it last caught up
+    s = leader(isr=(1, 2), leo=100, now=0)
+    s = fetch(s, 2, 100, 1, 100)
+    assert ps.shrink_candidates(s, now_ms=10 * LAG, leader_end_offset=100, replica_lag_time_max_ms=LAG) == ()
+
+
+def test_a_new_leader_counts_its_isr_as_caught_up_at_election() -> None:
+    # before any follower fetches, the leader appends: no ISR member is out of sync before the lag time passes
+    s = leader(isr=(1, 2, 3), leo=100, now=1_000_000)
+    assert ps.shrink_candidates(s, now_ms=1_000_010, leader_end_offset=120, replica_lag_time_max_ms=LAG) == ()
+
+
+def test_a_new_leader_epoch_forgets_what_followers_had_fetched() -> None:
+    # a follower's offset from the previous epoch may be of a log since truncated: the new epoch's HW waits
+    # for it to fetch again
+    s = leader(isr=(1, 2), hw=0, leo=100)
+    s = fetch(s, 2, 100, 1, 100)
+    again = ps.become_leader(s, leader_epoch=6, partition_epoch=8, isr=(1, 2), replicas=(1, 2, 3),
+                             leader_end_offset=100, high_watermark=0, now_ms=5)
+    assert ps.compute_high_watermark(again, 100) == 0
+    r = again.follower(2)
+    assert r is not None and r.log_end_offset == -1
+
+
+def test_an_isr_only_update_keeps_the_epoch_start_offset() -> None:
+    # same leader epoch, new partition epoch: the epoch still started at 100, so a follower past it (and past
+    # the HW) may join although it is below the leader's LEO at the update
+    s = leader(isr=(1, 2), hw=100, leo=100)
+    upd = ps.become_leader(s, leader_epoch=5, partition_epoch=8, isr=(1, 2), replicas=(1, 2, 3),
+                           leader_end_offset=150, high_watermark=s.high_watermark, now_ms=3)
+    assert upd.leader_epoch_start_offset == 100
+    upd = fetch(upd, 3, 120, 4, 150)
+    assert ps.expansion_candidates(upd) == (3,)
 
 
 def test_caught_up_to_previous_leader_leo_counts() -> None:
@@ -89,6 +159,13 @@ def test_commit_applies_only_same_leader_epoch() -> None:
     assert ok.isr == (1, 2, 3) and ok.partition_epoch == 8 and ok.pending is None
     stale = ps.isr_change_committed(s, leader_epoch=4, isr=(1, 2, 3), partition_epoch=8)
     assert stale.isr == (1, 2) and stale.pending is None
+
+
+def test_commit_with_an_older_partition_epoch_is_not_applied() -> None:
+    # an answer carrying an older partition epoch than the leader's: a late one, never the current ISR
+    s = leader(isr=(1, 2))._replace(pending=ps.PendingIsrChange((1, 2, 3), True))
+    old = ps.isr_change_committed(s, leader_epoch=5, isr=(1, 2, 3), partition_epoch=6)
+    assert (old.isr, old.partition_epoch, old.pending) == ((1, 2), 7, None)
 
 
 def test_follower_hw_is_the_leader_hw_within_log_start_and_leo() -> None:

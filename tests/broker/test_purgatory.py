@@ -86,6 +86,18 @@ def test_delayed_produce_answers() -> None:
     assert not op.force_complete({})
 
 
+def test_delayed_produce_waits_for_the_hw_to_pass_its_last_record() -> None:
+    # acks=all is answered only once the HW is past the last appended record (HW >= last offset + 1): a HW
+    # one short leaves that record uncommitted, and the produce must keep waiting
+    views = {TP: LeaderView(True, 3, 19, 2, 2)}  # records up to offset 19 appended; offset 19 not committed
+    results: list[dict[TopicPartition, ErrorCode]] = []
+    op = DelayedProduce(100, {TP: ProduceWait(3, 20)}, views.get, results.append)
+    assert not op.try_complete() and results == []
+    views[TP] = LeaderView(True, 3, 20, 2, 2)
+    assert op.try_complete()
+    assert results == [{TP: ErrorCode.NONE}]
+
+
 def test_delayed_produce_expiry_keeps_known_answers() -> None:
     views = {TP: LeaderView(True, 3, 20, 2, 1), TP2: LeaderView(True, 3, 0, 2, 1)}
     results: list[dict[TopicPartition, ErrorCode]] = []

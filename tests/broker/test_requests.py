@@ -49,6 +49,23 @@ async def test_stale_controller_epoch_and_stale_partition_epoch(start_broker: St
     assert um["error"] == ErrorCode.STALE_CONTROLLER_EPOCH
 
 
+async def test_leader_and_isr_for_an_older_broker_epoch_is_refused(start_broker: StartBroker,
+                                                                   controller: FakeController,
+                                                                   rpc: RpcClient) -> None:
+    """Orders carrying an older broker epoch were meant for a previous incarnation of this broker: not obeyed."""
+    b = await start_broker()
+    assert b.rm is not None and b.rm.broker_epoch > 0
+    state = {"topic": TP.topic, "partition": TP.partition, "leader": 1, "leader_epoch": 0, "isr": [1],
+             "partition_epoch": 0, "replicas": [1], "is_new": True}
+    old = await controller.send_leader_and_isr(b.address, [state], broker_epoch=b.rm.broker_epoch - 1)
+    assert old["error"] == ErrorCode.STALE_BROKER_EPOCH
+    assert b.rm.partitions == {}
+    assert part(await rpc.call(b.address, "produce", produce_body(batch())))["error"] != 0
+    current = await controller.send_leader_and_isr(b.address, [state], broker_epoch=b.rm.broker_epoch)
+    assert current["error"] == 0
+    assert part(await rpc.call(b.address, "produce", produce_body(batch())))["error"] == 0
+
+
 async def test_a_stale_leader_and_isr_leaves_the_metadata_clients_see(start_broker: StartBroker,
                                                                       controller: FakeController,
                                                                       rpc: RpcClient) -> None:
@@ -133,6 +150,33 @@ async def test_list_offsets_and_epochs(start_broker: StartBroker, controller: Fa
     assert (await ofle(1))["end_offset"] == 5
 
 
+async def test_offsets_apis_fence_an_older_current_leader_epoch(start_broker: StartBroker,
+                                                                controller: FakeController, rpc: RpcClient) -> None:
+    """As fetch (KIP-320): ListOffsets and OffsetsForLeaderEpoch from a client on an older leader epoch are
+    FENCED_LEADER_EPOCH, on a newer one UNKNOWN_LEADER_EPOCH."""
+    addr = await leader_broker(start_broker, controller)
+    await rpc.call(addr, "produce", produce_body(batch(3)))
+    await controller.elect(TP, leader=1, replicas=[1])  # leader epoch 1
+
+    async def ofle(current: int) -> dict[str, Any]:
+        return part(await rpc.call(addr, "offsets_for_leader_epoch", {"replica_id": 2, "topics": [
+            {"topic": TP.topic, "partitions": [{"partition": 0, "current_leader_epoch": current,
+                                                "leader_epoch": 0}]}]}))
+
+    async def lo(current: int) -> dict[str, Any]:
+        return part(await rpc.call(addr, "list_offsets", {"replica_id": -1, "topics": [
+            {"topic": TP.topic, "partitions": [{"partition": 0, "timestamp": -1,
+                                                "current_leader_epoch": current}]}]}))
+
+    assert (await ofle(0))["error"] == ErrorCode.FENCED_LEADER_EPOCH
+    assert (await lo(0))["error"] == ErrorCode.FENCED_LEADER_EPOCH
+    assert (await ofle(2))["error"] == ErrorCode.UNKNOWN_LEADER_EPOCH
+    assert (await lo(2))["error"] == ErrorCode.UNKNOWN_LEADER_EPOCH
+    answer = await ofle(1)
+    assert (answer["error"], answer["end_offset"]) == (0, 3)
+    assert (await lo(1))["offset"] == 3
+
+
 def undecodable_batch(ts: int) -> bytes:
     """A batch whose CRC and record count are right but whose two records are msgpack integers: the
     produce path checks frames, not records, so it is stored."""
@@ -198,6 +242,21 @@ async def test_diverging_epoch_for_follower(start_broker: StartBroker, controlle
     assert f["diverging_epoch"] == {"epoch": 0, "end_offset": 3} and f["records"] == b""
     f = part(await rpc.call(b.address, "fetch", fetch_body(3, replica_id=2, broker_epoch=1, last_fetched_epoch=0)))
     assert f["diverging_epoch"] is None and f["records"]
+
+
+async def test_diverging_epoch_when_the_leader_never_had_the_followers_last_epoch(
+        start_broker: StartBroker, controller: FakeController, rpc: RpcClient) -> None:
+    """The follower's last epoch (1, led by another broker) is not in this log; the epoch below it (0) ends
+    at 6, past the fetch offset 5. The follower's offsets from 3 on are epoch 1's, which this log never had:
+    it must still be told to truncate, to the end of epoch 0 (Kafka: epoch < lastFetchedEpoch)."""
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1, 2])  # epoch 0
+    await rpc.call(b.address, "produce", produce_body(batch(6)))  # offsets 0-5
+    await controller.elect(TP, leader=2, replicas=[1, 2])  # epoch 1: broker 2 leads
+    await controller.elect(TP, leader=1, replicas=[1, 2])  # epoch 2, from offset 6 here
+    await rpc.call(b.address, "produce", produce_body(batch(2)))  # offsets 6-7
+    f = part(await rpc.call(b.address, "fetch", fetch_body(5, replica_id=2, broker_epoch=1, last_fetched_epoch=1)))
+    assert f["diverging_epoch"] == {"epoch": 0, "end_offset": 6} and f["records"] == b""
 
 
 async def test_follower_whose_last_epoch_the_leader_cannot_place_gets_offset_out_of_range(

@@ -99,6 +99,8 @@ PART = PartitionView(replicas=(1, 2, 3), isr=(1, 2), leader=1, leader_epoch=5, p
         (AlterIsrRequest(1, 6, 7, (1, 2), {}), {1, 2, 3}, {}, IsrCheck.FENCED_LEADER_EPOCH),
         (AlterIsrRequest(1, 5, 6, (1, 2, 3), {}), {1, 2, 3}, {}, IsrCheck.INVALID_UPDATE_VERSION),
         (AlterIsrRequest(1, 5, 6, (2, 1), {}), {1, 2, 3}, {}, IsrCheck.OK),  # a resend of an applied change
+        # a partition epoch ahead of the controller's is no version it ever gave out: refused like a stale one
+        (AlterIsrRequest(1, 5, 9, (1, 2, 3), {3: 30}), {1, 2, 3}, {3: 30}, IsrCheck.INVALID_UPDATE_VERSION),
         (AlterIsrRequest(1, 5, 6, (1, 2, 2), {}), {1, 2, 3}, {}, IsrCheck.INVALID_UPDATE_VERSION),
         (AlterIsrRequest(1, 5, 7, (1, 2, 3), {3: 30}), {1, 2}, {3: 30}, IsrCheck.INELIGIBLE_REPLICA),  # fenced
         (AlterIsrRequest(1, 5, 7, (1, 2, 3), {3: 29}), {1, 2, 3}, {3: 30}, IsrCheck.INELIGIBLE_REPLICA),  # stale

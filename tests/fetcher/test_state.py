@@ -42,6 +42,14 @@ def test_same_epoch_on_both_sides_truncates_to_smaller_end() -> None:
     assert (d.offset, d.completed) == (100, True)
 
 
+def test_same_epoch_cut_where_the_followers_copy_of_it_ends() -> None:
+    # the follower had epoch 2 up to 10, then an epoch 3 of its own (10-14) the leader never saw; the leader
+    # kept epoch 2 up to 15. Offsets 10-14 differ from the leader's, so the cut is at the follower's end of
+    # epoch 2, below both the leader's end of it and the follower's LEO
+    d = decide_truncation(EpochEndOffset(2, 15), EpochEndOffset(2, 10), log_end_offset=15, high_watermark=8)
+    assert (d.offset, d.completed) == (10, True)
+
+
 def test_follower_shorter_than_leader_keeps_everything() -> None:
     d = decide_truncation(EpochEndOffset(2, 200), EpochEndOffset(2, 150), log_end_offset=150, high_watermark=90)
     assert (d.offset, d.completed) == (150, True)

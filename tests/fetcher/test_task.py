@@ -125,6 +125,20 @@ async def test_kip101_scenario2_divergence_is_truncated(setup: Setup) -> None:
         (3, "offsets_for_leader_epoch:leader_epoch_end_offset")]
 
 
+async def test_a_divergent_tail_of_a_single_record_is_truncated(setup: Setup) -> None:
+    """As scenario 2, but the old leader's uncommitted tail is one record: the cut one below the LEO is made."""
+    a, b = setup.log("a"), setup.log("b")
+    write(b, 0, 1, setup.clock)
+    a.append_as_follower(log_bytes(b))
+    write(a, 0, 1, setup.clock, records=1)  # A's tail: offset 3 alone (epoch 0)
+    write(b, 1, 2, setup.clock)  # B's epoch 1: offsets 3..8
+    setup.leader.lead(TP, b, 1)
+    setup.start(TP, a, 1, hw=3)
+    await setup.converge()
+    assert_identical(a, b)
+    assert [off for _, off, _ in setup.follower.truncations] == [3]
+
+
 @pytest.mark.parametrize("on_fetch", [False, True])
 async def test_a_round_of_truncations_is_checkpointed_once_before_any_append(tmp_path: Path, clock: ManualClock,
                                                                                on_fetch: bool) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import pytest
@@ -645,6 +646,26 @@ def test_batches_below_the_recovery_point_are_trusted_above_validated(pdir: Path
     log.close()
     log = Log.open(pdir, LogConfig(index_interval_bytes=100), ManualClock(TS), recovery_point=2)
     assert log.log_end_offset == 2  # from offset 2 on everything is checked: the bad batch and the rest go
+    log.close()
+
+
+def test_recovery_cuts_a_batch_whose_base_offset_breaks_the_sequence(pdir: Path) -> None:
+    # the base offset is outside the CRC: a batch claiming offset 40 where 4 should follow passes the CRC
+    # check, and only the offset continuity check stops it (and what follows) being recovered
+    cfg = LogConfig(index_interval_bytes=200)
+    log = Log.open(pdir, cfg, ManualClock(TS))
+    for i in range(3):
+        log.append_as_leader(batch(2, tag=i), 0)
+    log.close()
+    seg = pdir / f"{0:020d}.log"
+    data = bytearray(seg.read_bytes())
+    positions = [p for p, _ in iter_batches(data)]
+    assert len(positions) == 3
+    struct.pack_into(">q", data, positions[2], 40)
+    seg.write_bytes(bytes(data))
+    log = Log.open(pdir, cfg, ManualClock(TS), recovery_point=0)
+    assert log.log_end_offset == 4
+    assert log.segments[-1].size == positions[2]
     log.close()
 
 

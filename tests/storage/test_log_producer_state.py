@@ -102,6 +102,21 @@ def test_a_truncated_batch_is_no_longer_a_duplicate(pdir: Path) -> None:
     log.close()
 
 
+def test_a_truncation_at_a_one_record_batch_forgets_it(pdir: Path) -> None:
+    # the cut batch's last offset is the truncation offset itself: it is gone from the log, so its retry
+    # is appended, not answered as a duplicate of records no longer there
+    log = open_log(pdir)
+    log.append_as_leader(ibatch(0), 0)  # offsets 0-1
+    log.append_as_leader(ibatch(2, n=1), 0)  # offset 2 alone
+    log.truncate_to(2)
+    entry = log.producer_state.entry(PID)
+    assert entry is not None and [m.first_seq for m in entry.batches] == [0]
+    info = log.append_as_leader(ibatch(2, n=1), 0)  # the retry after a leader change
+    assert (info.duplicate, info.first_offset) == (False, 2)
+    assert log.log_end_offset == 3 and record_count(log) == 3
+    log.close()
+
+
 def test_truncation_keeps_the_producers_older_cached_batches(pdir: Path) -> None:
     log = open_log(pdir)
     for seq in range(0, 14, 2):  # seven batches, offsets 0-13; the cache holds sequences 4-13
