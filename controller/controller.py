@@ -295,6 +295,11 @@ class Controller:
         return ErrorCode.STALE_BROKER_EPOCH if reg.broker_epoch != broker_epoch else ErrorCode.NONE
 
     async def heartbeat(self, node_id: int, broker_epoch: int, want_shutdown: bool) -> dict[str, Any]:
+        # The contact time of a tracked broker is taken before the lock, as KRaft's since KAFKA-17793: a long
+        # operation holding the lock (an fsync, a snapshot) would otherwise hold the heartbeat back while a
+        # liveness check queued before it fenced a broker that had answered in time.
+        if node_id in self.last_heard and self._registration_error(node_id, broker_epoch) is ErrorCode.NONE:
+            self.last_heard[node_id] = self.clock.monotonic_ms()
         async with self._lock:
             error = self._registration_error(node_id, broker_epoch)
             if error is not ErrorCode.NONE:
@@ -359,10 +364,14 @@ class Controller:
         """Fence every broker silent past the session timeout; returns who was fenced."""
         async with self._lock:
             now = self.clock.monotonic_ms()
-            silent = expired_brokers(self.last_heard, now, self.session_timeout_ms)
-            for b in silent:
+            fenced = []
+            for b in expired_brokers(self.last_heard, now, self.session_timeout_ms):
+                heard = self.last_heard.get(b)
+                if heard is not None and self.clock.monotonic_ms() - heard <= self.session_timeout_ms:
+                    continue  # heard from while an earlier one's fence was committed
                 await self._fence(b, reason="session_timeout")
-        return silent
+                fenced.append(b)
+        return fenced
 
     def forgive_stall(self, stall_ms: int) -> None:
         """The controller itself was stalled (overloaded machine, long fsync): heartbeats could not be

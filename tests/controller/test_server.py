@@ -560,6 +560,23 @@ async def test_preferred_leader_timer_moves_leadership_back(tmp_path: Path) -> N
         await h.close()
 
 
+async def test_a_heartbeat_held_back_by_a_long_operation_still_counts(h: Harness) -> None:
+    # Found by review: the contact time was taken under the controller's lock, so a heartbeat that arrived
+    # in time but waited behind a long operation (an fsync, a snapshot) lost to a liveness check queued before
+    # it, and a live broker was fenced. It is taken on arrival now, as KRaft's (KAFKA-17793).
+    await h.add_broker(1)
+    heard = h.c.last_heard[1]
+    async with h.c._lock:  # the long operation
+        liveness = asyncio.create_task(h.c.check_liveness())
+        await asyncio.sleep(0)  # queued for the lock first
+        h.clock.advance(SESSION_MS // 2)
+        beat = asyncio.create_task(h.heartbeat(1))  # in time, and queued behind it
+        await eventually(lambda: h.c.last_heard[1] > heard, what="the heartbeat's contact time")
+        h.clock.advance(SESSION_MS // 2 + 1)  # past the session since the heartbeat before
+    assert await liveness == []
+    assert not (await beat)["error"] and not h.c.image.brokers[1].fenced
+
+
 async def test_a_stalled_controller_forgives_the_silence(h: Harness) -> None:
     await h.add_broker(1)
     h.clock.advance(SESSION_MS + 1)
