@@ -769,8 +769,12 @@ class ReplicaManager:
             return ErrorCode.UNKNOWN_LEADER_EPOCH
         if not p.is_leader:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
-        if req.is_follower and (req.replica_id == self.broker_id or req.replica_id not in p.state.replicas):
+        if req.is_follower and req.replica_id == self.broker_id:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        if req.is_follower and req.replica_id not in p.state.replicas:
+            # Kafka's followerReplicaOrThrow: with a current leader epoch (which matched) the follower may be a
+            # replica this leader has not heard of yet (a reassignment): UNKNOWN_LEADER_EPOCH, retried
+            return ErrorCode.UNKNOWN_LEADER_EPOCH if cle >= 0 else ErrorCode.NOT_LEADER_OR_FOLLOWER
         return ErrorCode.NONE
 
     def _diverging_epoch(self, p: Partition, fp: FetchPartitionRequest) -> dict[str, int] | ErrorCode | None:

@@ -276,6 +276,10 @@ async def test_follower_fetch_from_non_replica(start_broker: StartBroker, contro
     addr = await leader_broker(start_broker, controller)
     f = part(await rpc.call(addr, "fetch", fetch_body(0, replica_id=7, broker_epoch=1)))
     assert f["error"] == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    # with the leader epoch, which matches: a replica this leader may not know yet (Kafka's
+    # followerReplicaOrThrow), UNKNOWN_LEADER_EPOCH; either way nothing is read and no follower state made
+    f = part(await rpc.call(addr, "fetch", fetch_body(0, replica_id=7, broker_epoch=1, current_leader_epoch=0)))
+    assert f["error"] == ErrorCode.UNKNOWN_LEADER_EPOCH and f["records"] == b""
 
 
 async def test_stale_follower_broker_epoch(start_broker: StartBroker, controller: FakeController,
