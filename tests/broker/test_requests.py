@@ -244,6 +244,21 @@ async def test_diverging_epoch_for_follower(start_broker: StartBroker, controlle
     assert f["diverging_epoch"] is None and f["records"]
 
 
+async def test_diverging_epoch_for_a_consumer(start_broker: StartBroker, controller: FakeController,
+                                              rpc: RpcClient) -> None:
+    # the consumer's truncation detection (KIP-320) rests on this: a consumer fetch carrying the epoch of the
+    # last record it read is told where that epoch ends here when its position is past that end
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1])
+    await rpc.call(b.address, "produce", produce_body(batch(3)))
+    await controller.elect(TP, leader=1, replicas=[1])  # epoch 1 from offset 3
+    await rpc.call(b.address, "produce", produce_body(batch(3)))
+    f = part(await rpc.call(b.address, "fetch", fetch_body(5, last_fetched_epoch=0)))
+    assert f["diverging_epoch"] == {"epoch": 0, "end_offset": 3} and f["records"] == b""
+    f = part(await rpc.call(b.address, "fetch", fetch_body(3, last_fetched_epoch=0)))
+    assert f["diverging_epoch"] is None and f["records"]
+
+
 async def test_diverging_epoch_when_the_leader_never_had_the_followers_last_epoch(
         start_broker: StartBroker, controller: FakeController, rpc: RpcClient) -> None:
     """The follower's last epoch (1, led by another broker) is not in this log; the epoch below it (0) ends
