@@ -518,8 +518,8 @@ class Consumer:
         (the position inside the new log) nor read again from the start (the position past its end, which
         used to reset by auto.offset.reset). With auto.offset.reset=none that is an error, as Kafka's
         LogTruncationException."""
-        if end_offset < 0 or epoch < 0:
-            return  # not an answer to act on; the next fetch asks again
+        if end_offset < 0 or epoch < 0 or self._positions.get(tp).offset != offset:
+            return  # not an answer to act on (or the position moved meanwhile): the next fetch asks again
         if end_offset >= offset:  # our last epoch ends at or past the position there: only learn its epoch
             self._positions.validated(tp, offset, offset, epoch)
             return
