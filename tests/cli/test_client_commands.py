@@ -50,29 +50,32 @@ async def test_produce_with_keys_and_delivery_reports_then_consume_json(fake: Fa
             {"partition": x["partition"], "offset": x["offset"]} for x in reports if x["value"] == r["value"]]
 
 
-async def test_consume_text_from_an_offset_on_one_partition_stops_when_idle(fake: FakeCluster) -> None:
-    status, _, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "1",
-                               stdin=b"a\nb\nc\nd\n")
+async def produce_to_partition_1(fake: FakeCluster, lines: bytes) -> None:
+    status, _, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "1", stdin=lines)
     assert status == 0, err
+
+
+async def consume_partition_1_from(fake: FakeCluster, offset: str) -> tuple[str, str]:
+    """``consume --partition 1 --offset OFFSET`` until idle for 500 ms: its stdout and stderr (status 0)."""
     status, out, err = await run("consume", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "1",
-                                 "--offset", "2", "--timeout-ms", "500")
+                                 "--offset", offset, "--timeout-ms", "500")
     assert status == 0, err
+    return out, err
+
+
+async def test_consume_text_from_an_offset_on_one_partition_stops_when_idle(fake: FakeCluster) -> None:
+    await produce_to_partition_1(fake, b"a\nb\nc\nd\n")
+    out, err = await consume_partition_1_from(fake, "2")
     assert out.splitlines() == ["c", "d"]
     assert "consumed 2 messages" in err
 
 
 async def test_consume_offset_earliest_starts_at_the_log_start_and_latest_at_the_end(fake: FakeCluster) -> None:
     # Kafka's console consumer takes --offset earliest / latest besides a number
-    status, _, err = await run("produce", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "1",
-                               stdin=b"a\nb\n")
-    assert status == 0, err
-    status, out, err = await run("consume", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "1",
-                                 "--offset", "earliest", "--timeout-ms", "500")
-    assert status == 0, err
+    await produce_to_partition_1(fake, b"a\nb\n")
+    out, _ = await consume_partition_1_from(fake, "earliest")
     assert out.splitlines() == ["a", "b"]
-    status, out, err = await run("consume", TOPIC, "--bootstrap", fake.bootstrap, "--partition", "1",
-                                 "--offset", "LATEST", "--timeout-ms", "500")
-    assert status == 0, err
+    out, err = await consume_partition_1_from(fake, "LATEST")
     assert out == "" and "consumed 0 messages" in err
 
 
@@ -220,11 +223,31 @@ async def test_perf_e2e_reports_latency_percentiles(fake: FakeCluster) -> None:
 
 # -- produce: Ctrl-C, a closed stdout, long lines, delivery reports ------------------------------------------
 
-async def start_produce(fake: FakeCluster, *argv: str) -> asyncio.subprocess.Process:
-    """``produce`` with stdin a pipe that this test keeps open (as ``tail -f x | minibroker produce``)."""
-    return await asyncio.create_subprocess_exec(
+@contextlib.asynccontextmanager
+async def producing(fake: FakeCluster, *argv: str) -> AsyncIterator[asyncio.subprocess.Process]:
+    """``produce`` with stdin a pipe that this test keeps open (as ``tail -f x | minibroker produce``); closed,
+    and the process killed if it has not ended, when the block ends."""
+    proc = await asyncio.create_subprocess_exec(
         *minibroker(), "produce", TOPIC, "--bootstrap", fake.bootstrap, *argv, stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        yield proc
+    finally:
+        proc.stdin.close()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def a_and_b_delivered(proc: asyncio.subprocess.Process) -> None:
+    """Write lines a and b and read their two delivery reports (each with an offset)."""
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(b"a\nb\n")
+    await proc.stdin.drain()
+    reports = [json.loads(await asyncio.wait_for(proc.stdout.readline(), 20)) for _ in range(2)]
+    assert sorted((r["line"], r["value"]) for r in reports) == [(1, "a"), (2, "b")]
+    assert all(r["offset"] >= 0 for r in reports)
 
 
 async def stderr_line(proc: asyncio.subprocess.Process, prefix: str, seen: list[str]) -> str:
@@ -249,21 +272,10 @@ async def finish(proc: asyncio.subprocess.Process) -> tuple[int, str, str]:
 async def test_ctrl_c_ends_produce_reading_a_pipe_whose_writer_stays_open(fake: FakeCluster) -> None:
     # the read used to run in asyncio's executor thread, which asyncio.run waits for at exit: Ctrl-C hung
     # until the next line or the end of stdin
-    proc = await start_produce(fake, "--delivery-report")
-    assert proc.stdin is not None and proc.stdout is not None
-    try:
-        proc.stdin.write(b"a\nb\n")
-        await proc.stdin.drain()
-        reports = [json.loads(await asyncio.wait_for(proc.stdout.readline(), 20)) for _ in range(2)]
-        assert sorted((r["line"], r["value"]) for r in reports) == [(1, "a"), (2, "b")]
-        assert all(r["offset"] >= 0 for r in reports)
+    async with producing(fake, "--delivery-report") as proc:
+        await a_and_b_delivered(proc)
         proc.send_signal(signal.SIGINT)
         status, out, err = await finish(proc)
-    finally:
-        proc.stdin.close()
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
     assert status == 130, err
     assert out == ""
     assert err.strip().splitlines()[-1] == "minibroker: interrupted: 0 lines read from stdin were not sent"
@@ -304,11 +316,10 @@ async def test_ctrl_c_while_produce_waits_counts_the_lines_not_sent_and_a_second
     # partition 0 has no leader: its records wait in the producer, and buffer.memory=60 takes 5 of them (14
     # bytes each with the per-record overhead); the sixth send waits for room
     fake.move_leader(TopicPartition(TOPIC, 0), -1)
-    proc = await start_produce(fake, "--partition", "0", "--delivery-report", "--producer-property",
-                               "buffer.memory=60", "--max-block-ms", "60000", "--progress-interval-ms", "50")
-    assert proc.stdin is not None
     seen: list[str] = []
-    try:
+    async with producing(fake, "--partition", "0", "--delivery-report", "--producer-property", "buffer.memory=60",
+                         "--max-block-ms", "60000", "--progress-interval-ms", "50") as proc:
+        assert proc.stdin is not None
         proc.stdin.write(b"".join(b"l%d\n" % i for i in range(1, 11)))
         await proc.stdin.drain()
         await stderr_line(proc, "minibroker: 5 sent, 0 acknowledged", seen)
@@ -317,11 +328,6 @@ async def test_ctrl_c_while_produce_waits_counts_the_lines_not_sent_and_a_second
         assert "for 5 records sent (Ctrl-C again to stop waiting)" in line
         proc.send_signal(signal.SIGINT)
         status, out, err = await finish(proc)
-    finally:
-        proc.stdin.close()
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
     err = "".join(seen) + err
     assert status == 130, err
     # never sent (no leader): PRODUCER_CLOSED, certainly not written; not a Python class name
@@ -528,13 +534,9 @@ async def test_the_line_reader_tells_the_end_of_stdin_from_a_stop() -> None:
 async def test_a_topic_deleted_while_producing_still_ends_with_the_summary(fake: FakeCluster) -> None:
     # Found by review: the send that found the topic gone raised through the command, which then ended
     # without its summary: the lines read and never sent were not counted, the records in flight not reported
-    proc = await start_produce(fake, "--delivery-report", "--delivery-timeout-ms", "3000", "--max-block-ms", "1000")
-    assert proc.stdin is not None and proc.stdout is not None
-    try:
-        proc.stdin.write(b"a\nb\n")
-        await proc.stdin.drain()
-        reports = [json.loads(await asyncio.wait_for(proc.stdout.readline(), 20)) for _ in range(2)]
-        assert all(r["offset"] >= 0 for r in reports)
+    async with producing(fake, "--delivery-report", "--delivery-timeout-ms", "3000", "--max-block-ms", "1000") as proc:
+        assert proc.stdin is not None
+        await a_and_b_delivered(proc)
         for tp in [tp for tp in fake.partitions if tp.topic == TOPIC]:
             del fake.partitions[tp]
         for i in range(20):  # until the producer has learnt the topic is gone (bounded: 20 x 0.3 s)
@@ -545,11 +547,6 @@ async def test_a_topic_deleted_while_producing_still_ends_with_the_summary(fake:
                 await proc.stdin.drain()
             await asyncio.sleep(0.3)
         status, out, err = await finish(proc)
-    finally:
-        proc.stdin.close()
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
     assert status == 1 and "Traceback" not in err, err
     lines = err.strip().splitlines()
     assert lines[-1].startswith("minibroker: error: UNKNOWN_TOPIC_OR_PARTITION"), err

@@ -309,10 +309,8 @@ async def test_response_after_leader_epoch_changed_is_ignored(setup: Setup) -> N
     assert state is not None and state.current_leader_epoch == 1 and state.status is FetchStatus.TRUNCATING
 
 
-@pytest.mark.parametrize("error", [ErrorCode.UNKNOWN_LEADER_EPOCH, ErrorCode.NOT_LEADER_OR_FOLLOWER,
-                                   ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                                   ErrorCode.KAFKA_STORAGE_ERROR])
-async def test_partition_error_parks_only_that_partition(setup: Setup, error: ErrorCode) -> None:
+def two_partitions(setup: Setup, error: ErrorCode) -> tuple[TopicPartition, TopicPartition, Log, Log, Log, Log]:
+    """Partitions t-0 and t-1 of one leader, two batches each, followed from 0; t-1's answers carry ``error``."""
     a, b = TopicPartition("t", 0), TopicPartition("t", 1)
     la, lb = setup.log("la", a), setup.log("lb", b)
     fa, fb = setup.log("fa", a), setup.log("fb", b)
@@ -322,6 +320,14 @@ async def test_partition_error_parks_only_that_partition(setup: Setup, error: Er
     setup.leader.lead(b, lb, 0).error = error
     setup.start(a, fa, 0)
     setup.start(b, fb, 0)
+    return a, b, la, lb, fa, fb
+
+
+@pytest.mark.parametrize("error", [ErrorCode.UNKNOWN_LEADER_EPOCH, ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                                   ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                   ErrorCode.KAFKA_STORAGE_ERROR])
+async def test_partition_error_parks_only_that_partition(setup: Setup, error: ErrorCode) -> None:
+    _a, b, la, lb, fa, fb = two_partitions(setup, error)
     await setup.task.do_work()
     state_b = setup.task.fetch_state(b)
     assert state_b is not None and state_b.is_parked(setup.clock.monotonic_ms())
@@ -362,15 +368,7 @@ async def test_fenced_epoch_in_truncation_parks_until_a_new_leader_and_isr(setup
 
 
 async def test_fenced_epoch_in_a_fetch_parks_until_a_new_leader_and_isr(setup: Setup) -> None:
-    a, b = TopicPartition("t", 0), TopicPartition("t", 1)
-    la, lb = setup.log("la", a), setup.log("lb", b)
-    fa, fb = setup.log("fa", a), setup.log("fb", b)
-    write(la, 0, 2, setup.clock)
-    write(lb, 0, 2, setup.clock)
-    setup.leader.lead(a, la, 0)
-    setup.leader.lead(b, lb, 0).error = ErrorCode.FENCED_LEADER_EPOCH
-    setup.start(a, fa, 0)
-    setup.start(b, fb, 0)
+    _a, b, la, lb, fa, fb = two_partitions(setup, ErrorCode.FENCED_LEADER_EPOCH)
     await setup.task.do_work()
     setup.leader.partitions[b].error = ErrorCode.NONE
     for _ in range(5):
