@@ -313,9 +313,11 @@ class Log:
             self._rebuild_epochs()
         # Entries past the LEO describe lost data; one AT the LEO is a leader's assignment with no data yet.
         self.epoch_cache.truncate_from_end(self.log_end_offset + 1)
-        if not self.epoch_cache.entries() and any(seg.size for seg in self.segments):
+        if not self.epoch_cache.entries() and self.log_end_offset > self.log_start_offset:
             # A missing (or empty) checkpoint over stamped batches is as wrong as an unreadable one: rebuilt
-            # too. Nothing is written when no batch carries an epoch (>= 0): the cache is right empty.
+            # too. Nothing is written when no batch carries an epoch (>= 0): the cache is right empty. Nor when
+            # every batch is below the log start: a truncation at the LEO there leaves the cache empty (as
+            # Kafka's truncateTo does to the entry at the LEO), and a restart must not bring it back.
             self._rebuild_epochs(only_if_found=True)
         self.epoch_cache.truncate_from_start(self.log_start_offset)
         self.recovery_point = self.log_end_offset

@@ -747,3 +747,18 @@ def test_a_truncation_logs_segments_truncated_at_debug_not_the_brokers_log_trunc
     assert events == [("segments_truncated", "DEBUG")]
     assert "offset=2 previous_offset=4 leader_epoch=0" in caplog.records[-1].getMessage()
     log.close()
+
+
+def test_an_epoch_cache_emptied_over_batches_below_the_log_start_stays_empty_after_a_restart(pdir: Path) -> None:
+    # Found by the model test: the log start moved to the LEO (the cache keeps one entry, at the LEO), then a
+    # truncation at the LEO dropped that entry, as Kafka's truncateTo does. A restart rebuilt the cache from
+    # the batches below the log start, so the cache after it differed from the cache before.
+    log = open_log(pdir)
+    log.append_as_leader(batch(1), 0)
+    log.maybe_increment_log_start_offset(1)
+    log.truncate_to(1)
+    assert log.epoch_cache.entries() == []
+    log.close()
+    log = Log.open(pdir, LogConfig(), ManualClock(TS), recovery_point=1, log_start_offset=1)
+    assert log.epoch_cache.entries() == [] and (log.log_start_offset, log.log_end_offset) == (1, 1)
+    log.close()

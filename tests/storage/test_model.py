@@ -44,6 +44,9 @@ class LogMachine(RuleBasedStateMachine):
         self.batches: list[MBatch] = []
         self.start = 0
         self.epochs: list[tuple[int, int]] = []
+        # the newest epoch this log has seen: leaders' epochs only grow, so no append goes below it, even once
+        # truncations emptied the cache (a retention to the LEO, then a truncation at it, as Kafka's truncateTo)
+        self.top_epoch = 0
         self.counter = 0
         self.ts = TS
 
@@ -59,9 +62,10 @@ class LogMachine(RuleBasedStateMachine):
     _empty_leo = 0
 
     def _latest_epoch(self) -> int:
-        return self.epochs[-1][0] if self.epochs else 0
+        return max(self.epochs[-1][0] if self.epochs else 0, self.top_epoch)
 
     def _model_assign(self, epoch: int, start: int) -> None:
+        self.top_epoch = max(self.top_epoch, epoch)
         if self.epochs and (epoch < self.epochs[-1][0] or
                             (epoch == self.epochs[-1][0] and start >= self.epochs[-1][1])):
             return
