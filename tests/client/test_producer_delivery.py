@@ -232,6 +232,20 @@ async def test_a_record_awaited_before_its_batch_was_split_gets_its_own_outcome(
     assert sum(n for n, _ in counted) == 21 and sum(n for n, ok in counted if not ok) == 1
 
 
+async def test_a_batch_that_may_have_been_written_is_failed_not_split(fake: FakeCluster) -> None:
+    """An attempt that timed out may have been appended: split and sent again, its records could be written
+    twice. MESSAGE_TOO_LARGE on the retry fails them, as possibly written (not a definite failure)."""
+    fake.errors[TP0].extend([ErrorCode.REQUEST_TIMED_OUT, ErrorCode.MESSAGE_TOO_LARGE])
+    async with Producer(fake.bootstrap, fast(enable_idempotence=False, linger_ms=50)) as producer:
+        futures = [await producer.send(TOPIC, b"v%d" % i, partition=0) for i in range(4)]
+        await producer.flush()
+        for f in futures:
+            with pytest.raises(MinibrokerError) as info:
+                await f
+            assert info.value.code is ErrorCode.MESSAGE_TOO_LARGE and not is_definite_failure(info.value)
+    assert fake.partitions[TP0].batches == []
+
+
 async def _outcome(future: Any) -> int | str:
     try:
         return int((await future).offset)
@@ -250,3 +264,16 @@ async def test_a_request_the_leader_never_answers_is_retried_after_request_timeo
         fake.hold_produce.set()
         meta = await asyncio.wait_for(asyncio.shield(fut), 30)
     assert meta.offset >= 0
+
+
+async def test_retries_bounds_the_attempts_after_a_retriable_error(fake: FakeCluster) -> None:
+    # retries=1: the batch is sent twice at most and then fails with the broker's error, long before
+    # delivery.timeout.ms would end it
+    fake.errors[TP0].extend([ErrorCode.NOT_ENOUGH_REPLICAS] * 3)
+    async with Producer(fake.bootstrap, fast(retries=1, enable_idempotence=False)) as producer:
+        fut = await producer.send(TOPIC, b"x", partition=0)
+        with pytest.raises(MinibrokerError) as info:
+            await fut
+        assert info.value.code is ErrorCode.NOT_ENOUGH_REPLICAS
+    assert len(fake.errors[TP0]) == 1  # the third answer was never asked for
+    assert fake.partitions[TP0].batches == []

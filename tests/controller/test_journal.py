@@ -96,6 +96,18 @@ def test_apply_is_deterministic_and_idempotent() -> None:
     assert MetadataImage.from_snapshot(image.to_snapshot()) == image
 
 
+def test_epoch_records_never_move_the_image_back() -> None:
+    # both are maxima: a record with an older value (a frame applied again, a snapshot listing brokers in node
+    # order rather than epoch order) never lowers them, or the next registration reuses a broker epoch
+    image = MetadataImage()
+    image.apply(ControllerEpochRecord(5))
+    image.apply(ControllerEpochRecord(3))
+    assert image.controller_epoch == 5
+    image.apply(RegisterBrokerRecord(2, "127.0.0.1", 9002, "b", 7))
+    image.apply(RegisterBrokerRecord(1, "127.0.0.1", 9001, "a", 4))
+    assert image.last_broker_epoch == 7
+
+
 def test_replay_returns_every_appended_operation(tmp_path: Path) -> None:
     journal, image = Journal.open(tmp_path)
     assert image == MetadataImage()
@@ -163,6 +175,61 @@ def test_a_damaged_frame_with_whole_frames_after_it_is_refused_not_cut(tmp_path:
         with pytest.raises(JournalCorruptError, match=f"frame at byte {size_of_first_three} is damaged but 4 whole"):
             Journal.open(tmp_path)
     assert path.read_bytes() == bytes(data)
+
+
+def test_a_damaged_frame_whose_payload_still_decodes_is_caught_by_its_crc(tmp_path: Path) -> None:
+    # a changed digit in a broker's host is still valid msgpack: only the CRC tells the frame is damaged
+    journal, _image = written(tmp_path, OPS)
+    journal.close()
+    path = tmp_path / JOURNAL_NAME
+    data = bytearray(path.read_bytes())
+    host = data.index(b"127.0.0.1")  # in frame 2 of 8, broker 1's registration
+    data[host + 8] = ord("7")
+    path.write_bytes(bytes(data))
+    with pytest.raises(JournalCorruptError, match="is damaged but"):
+        Journal.open(tmp_path)
+
+
+def test_an_append_whose_fsync_fails_is_not_acknowledged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the append fsyncs before it returns: a failing fsync (EIO) is its failure, and the journal stops
+    import errno
+    import os
+
+    from controller import journal as journal_module
+    from controller.journal import JournalBrokenError
+
+    journal, _image = Journal.open(tmp_path)
+    journal.append(OPS[0])
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(journal_module.os, "fsync", failing_fsync)
+    try:
+        with pytest.raises(JournalBrokenError, match="Input/output error"):
+            journal.append(OPS[1])
+        assert journal.offset == 1
+    finally:
+        monkeypatch.undo()
+        journal.close()
+
+
+def test_a_journal_file_created_at_open_has_its_directory_synced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the new file's directory entry must be durable before a frame in it is acknowledged
+    from controller import journal as journal_module
+
+    synced: list[Path] = []
+    real = journal_module.fsync_dir
+
+    def fsync_dir(path: Path) -> None:
+        synced.append(Path(path))
+        real(path)
+
+    monkeypatch.setattr(journal_module, "fsync_dir", fsync_dir)
+    journal, _image = Journal.open(tmp_path)
+    journal.close()
+    assert tmp_path in synced
 
 
 def _size_of(d: Path, ops: list[list[Record]]) -> int:

@@ -95,6 +95,18 @@ def test_controlled_shutdown_moves_leadership_or_takes_it_away() -> None:
     assert applied(image, plan).partitions[TP1].leader == 1  # back: it leads again
 
 
+def test_the_broker_leaving_is_never_eligible_even_if_counted_live() -> None:
+    # every caller passes ``live`` without the broker today; a direct call with it included must still move
+    # leadership away (fencing) or take it away (controlled shutdown of the last ISR member)
+    image = cluster((TP0, PartitionState((1, 2), (1, 2), 1, 3, 3)))
+    image = applied(image, ops.fence_broker(image, 1, {1, 2, 3}, unclean_default=False))
+    assert image.partitions[TP0] == PartitionState((1, 2), (2,), 2, 4, 4)
+    image = cluster((TP0, PartitionState((1, 2), (1,), 1, 3, 3)))
+    plan, remaining = ops.controlled_shutdown(image, 1, {1, 2, 3}, unclean_default=False)
+    image = applied(image, plan)
+    assert image.partitions[TP0].leader == -1 and remaining == []
+
+
 def test_a_topic_name_colliding_in_metric_names_is_refused() -> None:
     # Kafka refuses 'my_topic' next to 'my.topic' (InvalidTopicException: the names collide in metric names);
     # both used to be created

@@ -115,6 +115,26 @@ async def test_list_offset(served: tuple[CannedLeader, HttpLeaderEndpoint]) -> N
     assert body["replica_id"] == 2 and body["topics"][0]["partitions"][0]["timestamp"] == EARLIEST_TIMESTAMP
 
 
+async def test_list_offset_reads_only_the_answer_for_its_partition(
+        served: tuple[CannedLeader, HttpLeaderEndpoint]) -> None:
+    # an answer for another partition is none for this one; and a missing answer is an error, never
+    # (NONE, -1), which a follower would take as an offset to start from
+    leader, endpoint = served
+    leader.answers["list_offsets"] = {"topics": [{"topic": "a", "partitions": [
+        {"partition": 1, "error": 0, "offset": 77}]}]}
+    answer = await endpoint.list_offset(2, A, 0, EARLIEST_TIMESTAMP)
+    assert (answer.error, answer.offset) == (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1)
+
+
+async def test_a_top_level_error_applies_to_partitions_answered_without_one(
+        served: tuple[CannedLeader, HttpLeaderEndpoint]) -> None:
+    leader, endpoint = served
+    leader.answers["offsets_for_leader_epoch"] = {"error": int(ErrorCode.NOT_LEADER_OR_FOLLOWER), "topics": [
+        {"topic": "a", "partitions": [{"partition": 0, "leader_epoch": -1, "end_offset": -1}]}]}
+    answers = await endpoint.offsets_for_leader_epoch(2, {A: EpochRequest(3, 2)})
+    assert answers[A].error is ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
 @pytest.mark.parametrize("answer", [b"\xc1 not msgpack", encode([1, 2]), encode({"topics": "x"}),
                                     encode({"topics": [{"topic": "a", "partitions": [{"partition": "0"}]}]}),
                                     encode({"topics": [{"topic": "a", "partitions": [

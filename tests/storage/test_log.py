@@ -20,6 +20,7 @@ from storage.log import (
 )
 from storage.record_batch import BatchTooShortError, iter_batches
 from tests.storage.helpers import TS, batch, open_log
+from tests.storage.scan import assert_indexes_match_scan
 
 
 def offsets_of(data: bytes) -> list[tuple[int, int]]:
@@ -761,4 +762,247 @@ def test_an_epoch_cache_emptied_over_batches_below_the_log_start_stays_empty_aft
     log.close()
     log = Log.open(pdir, LogConfig(), ManualClock(TS), recovery_point=1, log_start_offset=1)
     assert log.epoch_cache.entries() == [] and (log.log_start_offset, log.log_end_offset) == (1, 1)
+    log.close()
+
+
+def test_an_indexed_read_ends_at_max_offset(pdir: Path) -> None:
+    # with an index entry per batch the read starts from the index; it must still stop at the last batch
+    # wholly at or below max_offset (the HW for a consumer), not at the byte budget alone
+    log = open_log(pdir, index_interval_bytes=1)
+    for i in range(10):
+        log.append_as_leader(batch(1, tag=i), 0)
+    assert offsets_of(log.read(0, 1 << 20, max_offset=3).records) == [(0, 0), (1, 1), (2, 2)]
+    assert offsets_of(log.read(4, 1 << 20, max_offset=7).records) == [(4, 4), (5, 5), (6, 6)]
+    log.close()
+
+
+def test_a_truncation_below_the_recovery_point_lowers_it(pdir: Path) -> None:
+    # a recovery point left above the new LEO would vouch for batches appended after the cut that were never
+    # fsynced: after a crash a damaged one would be trusted instead of cut
+    log = open_log(pdir, index_interval_bytes=100)
+    for _ in range(4):
+        log.append_as_leader(batch(2, size=80), 0)
+    log.flush()
+    assert log.recovery_point == 8
+    log.truncate_to(2)
+    assert log.recovery_point == 2
+    log.append_as_leader(batch(2, size=80, tag=9), 0)  # offsets 2-3, not flushed
+    checkpointed = log.recovery_point
+    log.close()
+    seg = pdir / "00000000000000000000.log"
+    data = bytearray(seg.read_bytes())
+    data[rb.parse_header(data).size + 40] ^= 0x55  # the batch at offset 2 comes back damaged after a crash
+    seg.write_bytes(bytes(data))
+    log = Log.open(pdir, LogConfig(index_interval_bytes=100), ManualClock(TS), recovery_point=checkpointed)
+    assert log.log_end_offset == 2  # validated and cut
+    log.close()
+
+
+async def test_a_roll_flush_overtaken_by_a_truncation_marks_nothing_flushed(pdir: Path) -> None:
+    """Segments truncated and written again while the deferred roll flush's fsync ran hold data that fsync did
+    not cover: neither they nor the recovery point may count as flushed when it completes."""
+    import asyncio
+
+    log = open_log(pdir, segment_bytes=300)
+    log.defer_roll_flush = True
+    for i in range(4):
+        log.append_as_leader(batch(1, size=200, tag=i), 0)
+    assert len(log.segments) == 4 and log.recovery_point == 0
+    flushing = asyncio.ensure_future(log.flush_rolled_segments())
+    await asyncio.sleep(0)  # its fsync of segments 0-2 has started
+    log.truncate_to(1)
+    log.append_as_leader(batch(1, size=200, tag=10), 0)  # offset 1, in segment 1 (active again)
+    assert len(log.segments) == 2
+    await flushing
+    assert log.recovery_point <= 1
+    assert log.segments[-1].unflushed
+    log.close()
+
+
+def test_retention_bytes_deletes_a_segment_only_if_as_much_remains(pdir: Path) -> None:
+    # as Kafka's ``diff - segment.size >= 0``: a segment goes only if what is left is still at least
+    # retention.bytes, so a log exactly at the limit loses nothing
+    log = open_log(pdir, segment_bytes=600)
+    for i in range(8):
+        log.append_as_leader(batch(1, size=250, ts=TS + i), 0)
+    sizes = [s.size for s in log.segments]
+    assert len(sizes) >= 4 and len(set(sizes[:-1])) == 1
+    remaining = sum(sizes) - sizes[0]
+    log.update_config(LogConfig(segment_bytes=600, retention_bytes=remaining))
+    assert log.delete_old_segments() == 1
+    assert log.size_bytes == remaining
+    assert log.delete_old_segments() == 0
+    log.close()
+
+
+def test_deleting_segments_below_the_log_start_keeps_the_log_start(pdir: Path) -> None:
+    # the log start inside a later segment (DeleteRecords, a leader's log start): deleting the segments below
+    # it must not pull it back to that segment's base, which would make deleted records readable again
+    log = open_log(pdir, segment_bytes=600)
+    for i in range(8):
+        log.append_as_leader(batch(3, size=60, ts=TS + i), 0)
+    bases = [s.base_offset for s in log.segments]
+    assert len(bases) >= 3 and bases[2] - bases[1] >= 2
+    assert log.maybe_increment_log_start_offset(bases[1] + 1)
+    assert log.delete_old_segments() == 1
+    assert log.segments[0].base_offset == bases[1]
+    assert log.log_start_offset == bases[1] + 1
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(bases[1], 1 << 20)
+    log.close()
+
+
+def test_a_segment_with_bytes_after_its_last_batch_is_recovered_below_the_recovery_point(pdir: Path) -> None:
+    # a segment is trusted only if the header scan from its last index entry ends at the end of the file;
+    # here it does not, so it is validated and the trailing bytes cut
+    cfg = LogConfig(segment_bytes=600, index_interval_bytes=100)
+    log = Log.open(pdir, cfg, ManualClock(TS))
+    for i in range(6):
+        log.append_as_leader(batch(2, size=80, tag=i), 0)
+    assert len(log.segments) >= 2
+    first = pdir / f"{0:020d}.log"
+    size, end = log.segments[0].size, log.log_end_offset
+    log.close()
+    with open(first, "ab") as f:
+        f.write(b"\x00" * 30)
+    log = Log.open(pdir, cfg, ManualClock(TS), recovery_point=end)
+    assert log.segments[0].size == size == first.stat().st_size
+    assert log.log_end_offset == end
+    assert_indexes_match_scan(log)
+    log.close()
+
+
+def test_an_offset_index_whose_last_entry_is_not_a_batch_base_is_rebuilt(pdir: Path) -> None:
+    cfg = LogConfig(index_interval_bytes=1)
+    log = Log.open(pdir, cfg, ManualClock(TS))
+    for i in range(5):
+        log.append_as_leader(batch(3, tag=i), 0)
+    end = log.log_end_offset
+    log.close()
+    idx = pdir / f"{0:020d}.index"
+    raw = bytearray(idx.read_bytes())
+    rel, pos = struct.unpack_from(">II", raw, len(raw) - 8)
+    struct.pack_into(">II", raw, len(raw) - 8, rel + 1, pos)  # an offset inside the last batch
+    idx.write_bytes(bytes(raw))
+    log = Log.open(pdir, cfg, ManualClock(TS), recovery_point=end)
+    assert_indexes_match_scan(log)
+    log.close()
+
+
+def _closed_log_indexing_every_batch(pdir: Path) -> int:
+    log = Log.open(pdir, LogConfig(index_interval_bytes=1), ManualClock(TS))
+    for i in range(6):
+        log.append_as_leader(batch(2, tag=i, ts=TS + 10 * i), 0)
+    end = log.log_end_offset
+    log.close()
+    return end
+
+
+def test_an_offset_index_out_of_order_is_rebuilt(pdir: Path) -> None:
+    # lookups bisect the index, so entries that do not strictly increase are damage even if the last is right
+    end = _closed_log_indexing_every_batch(pdir)
+    idx = pdir / f"{0:020d}.index"
+    raw = bytearray(idx.read_bytes())
+    assert len(raw) >= 24
+    raw[0:8], raw[8:16] = raw[8:16], raw[0:8]
+    idx.write_bytes(bytes(raw))
+    log = Log.open(pdir, LogConfig(index_interval_bytes=1), ManualClock(TS), recovery_point=end)
+    assert_indexes_match_scan(log)
+    log.close()
+
+
+def test_a_time_index_entry_naming_an_offset_the_offset_index_lacks_is_rebuilt(pdir: Path) -> None:
+    end = _closed_log_indexing_every_batch(pdir)
+    tidx = pdir / f"{0:020d}.timeindex"
+    raw = bytearray(tidx.read_bytes())
+    ts, rel = struct.unpack_from(">qI", raw, len(raw) - 12)
+    struct.pack_into(">qI", raw, len(raw) - 12, ts, rel + 1)  # inside a batch
+    tidx.write_bytes(bytes(raw))
+    log = Log.open(pdir, LogConfig(index_interval_bytes=1), ManualClock(TS), recovery_point=end)
+    assert_indexes_match_scan(log)
+    log.close()
+
+
+def test_recovery_compares_the_first_validated_batch_with_the_last_trusted_one(pdir: Path) -> None:
+    # the epoch before the first validated batch is the last trusted batch's (5 here), not only the previous
+    # segment's: a damaged, lower epoch after it must be cut (the epoch is outside the CRC)
+    cfg = LogConfig(index_interval_bytes=1)
+    log = Log.open(pdir, cfg, ManualClock(TS))
+    log.append_as_leader(batch(1), 0)
+    log.append_as_leader(batch(1), 5)
+    log.flush()
+    checkpointed = log.recovery_point
+    log.append_as_leader(batch(1), 5)  # offset 2, validated at the next open
+    log.close()
+    seg = pdir / f"{0:020d}.log"
+    data = bytearray(seg.read_bytes())
+    third = [p for p, _ in iter_batches(bytes(data))][2]
+    rb.stamp(data, third, base_offset=2, partition_leader_epoch=3)
+    seg.write_bytes(bytes(data))
+    log = Log.open(pdir, cfg, ManualClock(TS), recovery_point=checkpointed)
+    assert checkpointed == log.log_end_offset == 2
+    assert [(e.epoch, e.start_offset) for e in log.epoch_cache.entries()] == [(0, 0), (5, 1)]
+    log.close()
+
+
+def test_a_timestamp_lookup_inside_a_batch_never_answers_below_the_log_start(pdir: Path) -> None:
+    log = open_log(pdir)
+    log.append_as_leader(batch(4), 0)  # offsets 0-3 at TS..TS+3
+    log.maybe_increment_log_start_offset(2)
+    assert log.fetch_offset_by_timestamp(TS) == TimestampOffset(TS + 2, 2, 0)
+    log.close()
+
+
+def test_a_checkpointed_log_start_below_the_first_segment_opens_at_its_base(pdir: Path) -> None:
+    # retention deleted segments before the log start checkpoint was rewritten: the stale value must not
+    # open a log start pointing at offsets no segment holds
+    log = open_log(pdir, segment_bytes=300)
+    for _ in range(4):
+        log.append_as_leader(batch(1, size=200), 0)
+    log.maybe_increment_log_start_offset(2)
+    assert log.delete_old_segments() == 2
+    end = log.log_end_offset
+    log.close()
+    log = Log.open(pdir, LogConfig(segment_bytes=300), ManualClock(TS), recovery_point=end, log_start_offset=0)
+    assert log.log_start_offset == log.segments[0].base_offset == 2
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(0, 1 << 20)
+    log.close()
+
+
+def test_an_epoch_cache_rebuilt_at_open_starts_at_the_log_start(pdir: Path) -> None:
+    # rebuilt from the batches (the checkpoint is unreadable), the cache also sees those below the log start
+    log = open_log(pdir)
+    log.append_as_leader(batch(2), 1)
+    log.append_as_leader(batch(2), 2)
+    log.maybe_increment_log_start_offset(3)
+    log.close()
+    (pdir / "leader-epoch-checkpoint").write_text("garbage\n")
+    log = Log.open(pdir, LogConfig(), ManualClock(TS), recovery_point=4, log_start_offset=3)
+    assert [(e.epoch, e.start_offset) for e in log.epoch_cache.entries()] == [(2, 3)]
+    log.close()
+
+
+def test_a_rebuilt_epoch_cache_keeps_a_newer_epoch_assigned_at_the_leo(pdir: Path) -> None:
+    # a leader's epoch assigned before its first append is in no batch: rebuilding the cache from the batches
+    # must keep the checkpoint's last entry when it starts at the LEO with a newer epoch
+    log = open_log(pdir)
+    log.append_as_leader(batch(2), 1)
+    log.maybe_assign_epoch_start_offset(5, 2)
+    log.close()
+    (pdir / "leader-epoch-checkpoint").write_text("0\n2\n0 0\n5 2\n")  # epoch 0 contradicts the batches
+    log = Log.open(pdir, LogConfig(), ManualClock(TS), recovery_point=0)
+    assert [(e.epoch, e.start_offset) for e in log.epoch_cache.entries()] == [(1, 0), (5, 2)]
+    log.close()
+
+
+def test_a_batch_without_a_leader_epoch_is_refused_over_an_epoch_assigned_at_the_leo(pdir: Path) -> None:
+    # every cache entry starts at or after the batch (this replica led at the LEO and wrote nothing), so no
+    # earlier epoch refuses it: an unstamped batch must still be refused
+    log = open_log(pdir)
+    log.maybe_assign_epoch_start_offset(3, 0)
+    with pytest.raises(StaleLeaderEpochError):
+        log.append_as_follower(batch(1, epoch=-1))
+    assert log.log_end_offset == 0
+    assert [(e.epoch, e.start_offset) for e in log.epoch_cache.entries()] == [(3, 0)]
     log.close()

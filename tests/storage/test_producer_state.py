@@ -114,6 +114,18 @@ def test_sequences_wrap_at_int32_max() -> None:
     assert code_of(at_max, [b(MAX_SEQUENCE - 4 + 5, 1, offset=5)]) is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
 
 
+def test_sequences_reach_int32_max_before_they_wrap() -> None:
+    # 2**31-1 is a sequence like any other: only the step past it wraps to 0
+    assert increment_sequence(MAX_SEQUENCE - 1, 1) == MAX_SEQUENCE
+    assert increment_sequence(MAX_SEQUENCE - 4, 4) == MAX_SEQUENCE
+    assert b(MAX_SEQUENCE - 4, 5).last_sequence == MAX_SEQUENCE
+    s = state_with(b(MAX_SEQUENCE - 2, 2))  # sequences 2**31-3 and 2**31-2
+    assert s.check([b(MAX_SEQUENCE, 1, offset=2)], 1) is None
+    s.apply([b(MAX_SEQUENCE, 1, offset=2)], 0)
+    assert s.entry(PID).last_seq == MAX_SEQUENCE
+    assert s.check([b(0, 1, offset=3)], 1) is None
+
+
 # ---- one append of several batches: one unit ----------------------------------------------------------
 
 def test_a_unit_of_consecutive_duplicates_answers_the_first_ones_offset() -> None:
@@ -135,6 +147,13 @@ def test_duplicates_mixed_with_new_batches_are_out_of_order(unit: list[tuple[int
 def test_a_duplicate_with_a_non_idempotent_batch_in_the_same_unit_is_out_of_order() -> None:
     s = state_with(*SIX)
     assert code_of(s, [b(10, 2)], unit_size=2) is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+def test_a_unit_is_a_duplicate_only_if_every_batch_has_the_cached_epoch() -> None:
+    # the first batch matches the cache with its epoch; a later one with sequences of the cache but another
+    # epoch is no retry of what was written
+    s = state_with(b(0, 1, offset=0), b(1, 1, offset=1))
+    assert code_of(s, [b(0, 1, offset=9), b(1, 1, epoch=1, offset=10)]) is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
 
 
 def test_a_unit_is_checked_batch_by_batch_against_the_state_the_previous_one_leaves() -> None:
