@@ -176,6 +176,33 @@ async def test_close_waits_for_a_request_whose_record_already_timed_out(fake: Fa
     await asyncio.wait_for(closing, 30)
 
 
+async def test_a_late_answer_to_a_batch_that_expired_in_flight_changes_nothing(fake: FakeCluster) -> None:
+    """Records failed at delivery.timeout.ms while their request was out keep that outcome (maybe written)
+    when the request then fails: here MESSAGE_TOO_LARGE, which would otherwise split the batch and requeue it.
+    The partition goes on with the next record at offset 0."""
+    clock = ManualClock()
+    config = fast(linger_ms=60_000, request_timeout_ms=5_000, delivery_timeout_ms=65_000)
+    async with Producer(fake.bootstrap, config, clock=clock) as producer:
+        fake.hold_produce.clear()
+        fake.errors[TP0].append(ErrorCode.MESSAGE_TOO_LARGE)
+        futures = [await producer.send(TOPIC, b"v%d" % i, partition=0) for i in range(4)]  # one batch
+        flushing = asyncio.create_task(producer.flush())
+        await until(lambda: fake.produce_requests == 1, "the held request")
+        clock.advance(65_000)
+        await producer.flush()  # wakes the sender, which fails the batch in flight
+        await asyncio.wait_for(flushing, 30)
+        expired = [f.exception() for f in futures]
+        assert all(isinstance(e, DeliveryTimeoutError) and "still unanswered" in str(e) for e in expired)
+        assert not any(is_definite_failure(e) for e in expired if e is not None)
+        nxt = await producer.send(TOPIC, b"next", partition=0)  # waits behind the request still out
+        fake.hold_produce.set()  # which now fails with MESSAGE_TOO_LARGE
+        await producer.flush()
+        assert (await nxt).offset == 0
+        assert [f.exception() for f in futures] == expired
+    assert fake.produce_requests == 2
+    assert [r.value for _, _, data in fake.partitions[TP0].batches for r in decode_records(data)] == [b"next"]
+
+
 @pytest.mark.parametrize("idempotence", [True, False])
 @pytest.mark.parametrize("records_per_batch", [40, 8])  # one batch; or requests of several batches, each too large
 async def test_a_batch_larger_than_the_topic_allows_is_split_and_sent_in_order(

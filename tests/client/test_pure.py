@@ -150,6 +150,21 @@ def test_expired_batches_are_removed() -> None:
     assert a.partitions() == [TP1]
 
 
+def test_take_unstamped_keeps_batches_already_drained() -> None:
+    """The batches failed for want of a producer id are the never-drained ones: a drained group waiting for its
+    retry (stamped already) stays queued and goes out as first sent."""
+    a = acc(batch_size=record_size(None, b"v"), linger_ms=0)
+    for i in range(3):
+        a.append(TP0, None, b"v", i, now_ms=0)
+    a.append(TP1, None, b"v", 3, now_ms=0)
+    group = a.drain(TP0, max_bytes=10_000, now_ms=0, max_batches=2)
+    a.requeue(group, retry_at_ms=0)
+    assert [b.records[0][2] for b in a.take_unstamped()] == [2, 3]
+    assert a.partitions() == [TP0]
+    assert a.drain(TP0, max_bytes=10_000, now_ms=0) == group
+    assert a.empty()
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from([0, 1]), st.integers(1, 40), st.booleans()), min_size=1, max_size=60))
 def test_accumulator_keeps_partition_order_through_retries(ops: list[tuple[int, int, bool]]) -> None:

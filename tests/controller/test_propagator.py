@@ -15,6 +15,7 @@ from controller.state import (
     MetadataImage,
     PartitionRecord,
     RegisterBrokerRecord,
+    RemoveTopicRecord,
     TopicRecord,
 )
 from tests.controller.fakes import eventually
@@ -89,5 +90,57 @@ async def test_a_new_partition_stays_new_when_a_failed_round_is_merged_back() ->
         api, body = transport.calls[1]
         assert api == "leader_and_isr"
         assert {s["partition"]: s["is_new"] for s in body["partition_states"]} == {0: False, 1: True}
+    finally:
+        await p.close()
+
+
+def recreate_t(image: MetadataImage, replicas: tuple[int, ...]) -> None:
+    """Delete topic t (its replicas already stopped) and create it again with partition 0 on ``replicas``."""
+    image.apply(RemoveTopicRecord("t", {}))
+    image.apply(TopicRecord("t", {}))
+    image.apply(PartitionRecord("t", 0, replicas, replicas, replicas[0], 2, 0))
+
+
+async def test_a_retried_update_metadata_does_not_delete_a_recreated_topic() -> None:
+    # A deletion's UpdateMetadata retried after the name was created again must not list it in
+    # deleted_topics: the broker applies deleted_topics last and would drop the new topic.
+    image = one_broker_image()
+    transport = ScriptedTransport(fail=1, hold_first=True)
+    p = Propagator(lambda: image, transport)
+    try:
+        image.apply(RemoveTopicRecord("t", {}))
+        p.enqueue(1, metadata=True, metadata_tps=[T0, T1], deleted_topics=["t"])
+        await asyncio.wait_for(transport.entered.wait(), 5)
+        assert transport.calls[0][1]["deleted_topics"] == ["t"]
+        recreate_t(image, (1,))
+        p.enqueue(1, partitions=[T0], new=True, metadata=True, metadata_tps=[T0], metadata_topics=["t"])
+        transport.release.set()
+        await eventually(lambda: [api for api, _ in transport.calls].count("update_metadata") == 2, timeout_s=5,
+                         what="the retried UpdateMetadata")
+        metadata = [body for api, body in transport.calls if api == "update_metadata"]
+        assert metadata[-1]["deleted_topics"] == []
+        assert [(s["topic"], s["partition"]) for s in metadata[-1]["partition_states"]] == [("t", 0)]
+        assert metadata[-1]["topic_configs"] == {"t": {}}
+    finally:
+        await p.close()
+
+
+async def test_a_retried_leader_and_isr_skips_a_partition_the_broker_no_longer_replicates() -> None:
+    # A LeaderAndIsr queued for broker 1, retried after t was deleted and created again on broker 2 only,
+    # must not make broker 1 a replica of the new partition.
+    image = one_broker_image()
+    image.apply(RegisterBrokerRecord(2, "127.0.0.1", 9002, "b", 2))
+    transport = ScriptedTransport(fail=1, hold_first=True)
+    p = Propagator(lambda: image, transport)
+    try:
+        p.enqueue(1, partitions=[T0])
+        await asyncio.wait_for(transport.entered.wait(), 5)
+        recreate_t(image, (2,))
+        p.enqueue(1, metadata=True, metadata_tps=[T0], metadata_topics=["t"])
+        transport.release.set()
+        await eventually(lambda: transport.calls[-1][0] == "update_metadata", timeout_s=5,
+                         what="the retried round's UpdateMetadata")
+        assert [api for api, _ in transport.calls] == ["leader_and_isr", "update_metadata"]
+        assert [s["replicas"] for s in transport.calls[-1][1]["partition_states"]] == [[2]]
     finally:
         await p.close()

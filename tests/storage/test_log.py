@@ -158,6 +158,30 @@ def test_roll_by_size_and_time(pdir: Path) -> None:
     log.close()
 
 
+def spanning(base_offset: int, last_offset_delta: int) -> bytes:
+    """A one-record batch that claims ``last_offset_delta + 1`` offsets (the fetcher refuses it; the log takes
+    it as given): the only way a test can put 2**32 offsets in one segment."""
+    buf = bytearray(batch(1, base_offset=base_offset, epoch=1))
+    struct.pack_into(">i", buf, 23, last_offset_delta)
+    struct.pack_into(">I", buf, 17, rb.compute_crc(buf, 0, len(buf)))
+    return bytes(buf)
+
+
+def test_a_segment_rolls_before_its_relative_offsets_overflow(pdir: Path) -> None:
+    """A segment and its indexes hold offsets relative to its base in 32 bits: a batch whose last offset is
+    more than 0xFFFFFFFF past the active segment's base starts a new segment."""
+    log = open_log(pdir, index_interval_bytes=0)
+    log.append_as_follower(batch(1, base_offset=0, epoch=1))
+    log.append_as_follower(spanning(1, 0x7FFFFFFF))
+    log.append_as_follower(spanning(2**31 + 1, 0x7FFFFFFE))  # last offset 0xFFFFFFFF: still fits
+    assert [s.base_offset for s in log.segments] == [0]
+    log.append_as_follower(batch(1, base_offset=2**32, epoch=1))
+    assert [s.base_offset for s in log.segments] == [0, 2**32]
+    assert (pdir / "00000000004294967296.log").exists()
+    assert offsets_of(log.read(2**32, 1 << 20).records) == [(2**32, 2**32)]
+    log.close()  # writes the indexes
+
+
 def test_truncate_to(pdir: Path) -> None:
     log = open_log(pdir, segment_bytes=1024)
     for i in range(10):
