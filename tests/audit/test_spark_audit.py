@@ -32,7 +32,7 @@ from controller.journal import encode_frame
 from storage.checkpoint import read_offsets, write_epochs, write_offsets
 from storage.epoch_cache import EpochEntry
 from tests.audit.datadirs import Batch, batch_positions, cluster, corrupt_byte, history, write_replica
-from tests.audit.exports import BROKERS, Export, _crc, _row, clean_export
+from tests.audit.exports import BROKERS, TOPIC, Export, _crc, _row, clean_export
 
 
 def flagged(report: AuditReport) -> set[str]:
@@ -45,6 +45,40 @@ def _lost_missing(e: Export) -> None:
 
 def _lost_other_value(e: Export) -> None:
     e.sends[3]["offset"] = 4  # v3 acked at offset 4, where the final log holds v4
+
+
+def _with_partition(e: Export, topic: str, partition: int) -> None:
+    """One more healthy partition: a copy of t-0 whose values are w0..w9 (no send or poll of its own)."""
+    other = clean_export()
+    for r in other.records:
+        r.update(topic=topic, partition=partition, value=b"w" + r["value"][1:])
+    e.records += other.records
+    e.replicas += [{**r, "topic": topic, "partition": partition} for r in other.replicas]
+    assert e.assignments is not None and other.assignments is not None
+    e.assignments += [{**a, "topic": topic, "partition": partition} for a in other.assignments]
+
+
+def _acked_to_a_sibling_partition(e: Export) -> None:
+    # v3 acked at t-1 offset 3, which holds w3: the match must compare the partition (t-0 offset 3 holds v3)
+    _with_partition(e, TOPIC, 1)
+    e.send("v3", "ok", 3, seq=20)
+    e.sends[-1]["partition"] = 1
+
+
+def _acked_to_another_topic(e: Export) -> None:
+    # v3 acked at u-0 offset 3, which holds w3: the match must compare the topic (t-0 offset 3 holds v3)
+    _with_partition(e, "u", 0)
+    e.send("v3", "ok", 3, seq=20)
+    e.sends[-1]["topic"] = "u"
+
+
+def _lost_at_the_start_of_an_emptied_log(e: Export) -> None:
+    """Every replica's log was emptied by retention, leaving log start = LEO = 10. An ack at offset 10 sits
+    exactly at the log start, not under it: a lost write, not one excused as deleted (the acks at 0-9 are)."""
+    e.records = []
+    for r in e.replicas:
+        r.update(log_start_offset=10, records=0, batches=0)
+    e.send("lost", "ok", 10, seq=20)
 
 
 def _inconsistent_read(e: Export) -> None:
@@ -65,6 +99,19 @@ def _divergence_other_epoch(e: Export) -> None:
         e.record(2, o)["batch_crc"], e.record(2, o)["leader_epoch"] = 12345, 2
 
 
+def _divergence_in_epoch_only(e: Export) -> None:
+    # The batch CRC covers neither leader epoch nor base offset: broker 2's committed batch 8-9 has the
+    # others' CRC but epoch 2 (appended by another leader). Only the compared epoch tells the copies apart.
+    for o in (8, 9):
+        e.record(2, o)["leader_epoch"] = 2
+
+
+def _divergence_in_base_only(e: Export) -> None:
+    # Broker 2 holds offset 9 in a batch of its own (base 9), same CRC and epoch as the others' batch 8-9:
+    # only the compared base offset tells it, both among committed copies and within epoch 1.
+    e.record(2, 9)["batch_base_offset"] = 9
+
+
 def _duplicate(e: Export) -> None:
     for b in BROKERS:  # v8 written at offsets 8 and 9; v9's send was indeterminate
         e.record(b, 9)["value"] = b"v8"
@@ -78,8 +125,24 @@ def _gap(e: Export) -> None:
     e.records.remove(e.record(2, 5))
 
 
+def _log_begins_above_log_start(e: Export) -> None:
+    # Offsets 0-1 vanished from broker 2 while its log start still says 0 (cache entries moved along, so
+    # only the hole shows): a gap ahead of the first record, between no two neighbouring records.
+    e.records = [r for r in e.records if not (r["broker"] == 2 and r["offset"] < 2)]
+    e.replica(2)["epoch_cache"] = [{"epoch": 0, "start_offset": 2}, {"epoch": 1, "start_offset": 4}]
+
+
 def _repeat(e: Export) -> None:
     e.records.append(dict(e.record(2, 5)))
+
+
+def _batches_out_of_file_order(e: Export) -> None:
+    # Swapped file positions on broker 2: 6-7 sits after 8-9. Sorted by offset the log looks whole; read in
+    # file order it jumps 5 -> 8, then falls 9 -> 6 (backwards, though no offset occurs twice).
+    for o in (6, 7):
+        e.record(2, o)["position"] = 900
+    for o in (8, 9):
+        e.record(2, o)["position"] = 600
 
 
 def _epoch_regression(e: Export) -> None:
@@ -92,8 +155,16 @@ def _hw_above_leo(e: Export) -> None:
     e.replica(1)["high_watermark"] = 12
 
 
+def _hw_at_leo_plus_one(e: Export) -> None:
+    e.replica(1)["high_watermark"] = 11  # the smallest excess: HW = LEO + 1
+
+
 def _non_monotonic(e: Export) -> None:
     e.poll("c0", 10, 6, "v6")  # c0 read 0..9 and then 6 again
+
+
+def _same_offset_polled_twice(e: Export) -> None:
+    e.poll("c0", 10, 9, "v9")  # c0's last poll repeats offset 9: equal to the one before, not lower
 
 
 def _skipped(e: Export) -> None:
@@ -114,6 +185,12 @@ def _damaged(e: Export) -> None:
                       "position": 400, "kind": "corrupt_batch", "error": "crc mismatch"})
 
 
+def _bad_records(e: Export) -> None:
+    # a batch whose CRC holds but whose records do not decode: damage like a corrupt batch, not a torn tail
+    _damaged(e)
+    e.damaged[-1].update(kind="bad_records", error="record timestamp beyond int64")
+
+
 def _no_history(e: Export) -> None:
     e.sends, e.polls, e.has_history = [], [], False
 
@@ -124,9 +201,9 @@ def _idempotent(e: Export, producer_id: int = 7) -> None:
         r["producer_id"], r["producer_epoch"], r["sequence"] = producer_id, 0, r["offset"]
 
 
-def _v8_appended_again(e: Export, producer_id: int, producer_epoch: int, sequence: int) -> None:
-    """v8 (sent once, by idempotent producer 7, sequence 8) appended again at offset 10 with this stamp."""
-    _idempotent(e)
+def _v8_appended_again(e: Export, producer_id: int, producer_epoch: int, sequence: int, *, writer: int = 7) -> None:
+    """v8 (sent once, by idempotent producer ``writer``, sequence 8) appended again at offset 10 with this stamp."""
+    _idempotent(e, writer)
     e.add_log_record(10, b"v8")
     for b in BROKERS:
         e.record(b, 10).update(producer_id=producer_id, producer_epoch=producer_epoch, sequence=sequence)
@@ -136,6 +213,11 @@ def _v8_appended_again(e: Export, producer_id: int, producer_epoch: int, sequenc
 def _idempotent_duplicate(e: Export) -> None:
     """A retry of the batch of v8 (producer 7, epoch 0, sequence 8) appended again, at offset 10."""
     _v8_appended_again(e, 7, 0, 8)
+
+
+def _producer_id_0_duplicate(e: Export) -> None:
+    # that retry again, from producer 0: ids are handed out from 0, so 0 is idempotent (only -1 is not)
+    _v8_appended_again(e, 0, 0, 8, writer=0)
 
 
 def _idempotent_tombstone_duplicate(e: Export) -> None:
@@ -219,9 +301,31 @@ def _failed_write_present(e: Export) -> None:
     e.poll("final", 10, 10, "refused")
 
 
+def _failed_keyed_write_present(e: Export) -> None:
+    # the refused send carried key kf; offset 10 holds that value under that very key: a keyed match
+    e.sends[10]["key"] = b"kf"
+    _failed_write_present(e)
+    for b in BROKERS:
+        e.record(b, 10)["key"] = b"kf"
+
+
+def _failed_write_on_the_leaders_longer_log(e: Export) -> None:
+    # Only the leader, broker 2, has offset 10 (the refused value) yet; brokers 0-1 lag one record behind.
+    # Same latest epoch everywhere, so the longer log wins the tie and is the one checked for the value.
+    e.records.append(_row(2, 10, 10, 10, 1, b"refused", pid=-1))
+    e.replica(2).update(log_end_offset=11, recovery_point=11, records=11, batches=6)
+
+
 def _missing_replica(e: Export) -> None:
     e.records = [r for r in e.records if r["broker"] != 2]
     e.replicas = [r for r in e.replicas if r["broker"] != 2]
+
+
+def _missing_replica_outside_isr(e: Export) -> None:
+    # the ISR shrank to [0, 1], yet broker 2 stays in the assignment, so its absent replica still counts
+    _missing_replica(e)
+    assert e.assignments is not None
+    e.assignments[0]["isr"] = [0, 1]
 
 
 def _retention(e: Export) -> None:
@@ -274,6 +378,18 @@ def _epoch_cache_wrong(e: Export) -> None:
     e.replica(2)["epoch_cache"] = [{"epoch": 0, "start_offset": 0}, {"epoch": 1, "start_offset": 8}]
 
 
+def _epoch_cache_entry_too_early(e: Export) -> None:
+    # broker 2's cache starts epoch 1 at 2, before the log's first epoch-1 offset 4 (early, not late)
+    e.replica(2)["epoch_cache"] = [{"epoch": 0, "start_offset": 0}, {"epoch": 1, "start_offset": 2}]
+
+
+def _epoch_cache_wrong_at_log_start(e: Export) -> None:
+    # Broker 2 kept offsets 2-9 only (log start 2). Its single cache entry sits right on that log start,
+    # claiming epoch 1 from 2, but 2-3 are epoch-0 records: entries equal to the log start are checked too.
+    e.records = [r for r in e.records if not (r["broker"] == 2 and r["offset"] < 2)]
+    e.replica(2).update(log_start_offset=2, epoch_cache=[{"epoch": 1, "start_offset": 2}])
+
+
 def _epoch_cache_edges(e: Export) -> None:
     """What the cache legitimately says that the log cannot show: retention deleted offsets 0-1 (the entry of
     epoch 0 below log start 2), a leader's assignment of epoch 2 at its LEO with no batch yet, and an
@@ -317,6 +433,20 @@ ANOMALIES: dict[str, tuple[Callable[[Export], None], str]] = {
     "lost_below_final_log_start": (_retention_lost, "lost_writes"),
     "resent_under_a_new_producer_id": (_resent_under_a_new_producer_id, "duplicates"),
     "epoch_cache_mismatch": (_epoch_cache_wrong, "epoch_cache_mismatch"),
+    "lost_in_partition_1": (_acked_to_a_sibling_partition, "lost_writes"),
+    "lost_in_topic_u": (_acked_to_another_topic, "lost_writes"),
+    "lost_at_the_start_of_an_emptied_log": (_lost_at_the_start_of_an_emptied_log, "lost_writes"),
+    "divergence_in_epoch_only": (_divergence_in_epoch_only, "replica_divergence"),
+    "producer_id_0_duplicates": (_producer_id_0_duplicate, "duplicates"),
+    "log_begins_above_log_start": (_log_begins_above_log_start, "offset_gaps"),
+    "hw_at_leo_plus_one": (_hw_at_leo_plus_one, "hw_above_leo"),
+    "epoch_cache_entry_too_early": (_epoch_cache_entry_too_early, "epoch_cache_mismatch"),
+    "epoch_cache_wrong_at_log_start": (_epoch_cache_wrong_at_log_start, "epoch_cache_mismatch"),
+    "same_offset_polled_twice": (_same_offset_polled_twice, "non_monotonic_polls"),
+    "missing_replica_outside_isr": (_missing_replica_outside_isr, "missing_replicas"),
+    "failed_keyed_write_present": (_failed_keyed_write_present, "failed_writes_present"),
+    "failed_write_only_on_the_leader": (_failed_write_on_the_leaders_longer_log, "failed_writes_present"),
+    "damaged_bad_records": (_bad_records, "damaged_files"),
 }
 CLEAN: dict[str, Callable[[Export], None]] = {
     "clean": lambda e: None,
@@ -339,6 +469,8 @@ OTHER: dict[str, Callable[[Export], None]] = {
     "divergence_same_epoch": _divergence,
     "many_retries": lambda e: _equal_values_at(e, 3000, retried=True),
     "failed_value_many_times": _failed_value_many_times,
+    "divergence_in_base_only": _divergence_in_base_only,
+    "batches_out_of_file_order": _batches_out_of_file_order,
 }
 GLOB_DIR = "run[1]{a,b}*?\\x"  # Hadoop glob characters in an export's path
 
@@ -482,6 +614,30 @@ def test_divergence_evidence_shows_both_copies(reports: dict[str, AuditReport]) 
     assert 12345 in crcs and len(crcs) == 2
 
 
+def test_copies_that_differ_outside_the_crc_diverge(reports: dict[str, AuditReport]) -> None:
+    """The batch CRC covers neither the leader epoch nor the base offset: copies equal but there differ."""
+    epoch_only = reports["divergence_in_epoch_only"].check("replica_divergence")
+    assert [row["offset"] for row in epoch_only.evidence] == [8, 9]
+    assert {copy["leader_epoch"] for copy in epoch_only.evidence[0]["copies"]} == {1, 2}
+    report = reports["divergence_in_base_only"]  # one epoch too: a fork as well
+    assert flagged(report) == {"replica_divergence", "epoch_forks"}, format_summary(report)
+    assert {c.status for c in report.violations} == {Status.VIOLATION} and len(report.violations) == 2
+    assert [row["offset"] for row in report.check("replica_divergence").evidence] == [9]
+    fork = report.check("epoch_forks").evidence[0]
+    assert (fork["offset"], fork["leader_epoch"], fork["variants"]) == (9, 1, 2)
+
+
+def test_batches_out_of_file_order_skip_and_go_back(reports: dict[str, AuditReport]) -> None:
+    """A log is checked in file order (segment, position), not in offset order."""
+    report = reports["batches_out_of_file_order"]
+    assert flagged(report) == {"offset_gaps", "offset_repeats"}, format_summary(report)
+    assert {c.name for c in report.violations} == {"offset_gaps", "offset_repeats"}
+    gap = report.check("offset_gaps").evidence[0]
+    assert (gap["broker"], gap["prev_offset"], gap["offset"]) == (2, 5, 8)
+    back = report.check("offset_repeats").evidence[0]
+    assert (back["broker"], back["prev_offset"], back["offset"]) == (2, 9, 6)
+
+
 def test_structure_evidence(reports: dict[str, AuditReport]) -> None:
     gap = reports["offset_gaps"].check("offset_gaps")
     assert (gap.count, gap.evidence[0]["broker"], gap.evidence[0]["prev_offset"], gap.evidence[0]["offset"]) \
@@ -489,6 +645,9 @@ def test_structure_evidence(reports: dict[str, AuditReport]) -> None:
     assert reports["offset_repeats"].check("offset_repeats").evidence[0]["offset"] == 5
     assert reports["epoch_regressions"].check("epoch_regressions").count == 3  # once per replica
     assert reports["hw_above_leo"].check("hw_above_leo").evidence[0]["high_watermark"] == 12
+    assert reports["hw_at_leo_plus_one"].check("hw_above_leo").evidence[0]["high_watermark"] == 11
+    first = reports["log_begins_above_log_start"].check("offset_gaps").evidence[0]  # against the log start
+    assert (first["broker"], first["prev_offset"], first["offset"], first["segment"]) == (2, -1, 2, "(log start)")
 
 
 def test_read_evidence(reports: dict[str, AuditReport]) -> None:
