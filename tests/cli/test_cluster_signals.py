@@ -127,11 +127,17 @@ def test_ctrl_c_between_fork_and_exec_leaves_no_member_unrecorded(tmp_path: Path
 
 # -- SIGTERM and SIGHUP --------------------------------------------------------------------------------
 
+def _sighup_default() -> None:
+    """In the child before exec: SIGHUP as its default again. A suite run under ``nohup`` hands an ignored
+    SIGHUP down, which ``up`` rightly keeps ignoring (test_sighup_ignored_at_start_stays_ignored)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 async def test_a_signal_while_starting_stops_what_started(data_dir: Path, sig: signal.Signals) -> None:
     """Every member spawned, the brokers not registered yet (a slow start): SIGTERM / SIGHUP stop them all."""
     proc = await asyncio.create_subprocess_exec(*up_argv(data_dir, 2), stdout=asyncio.subprocess.DEVNULL,
-                                                stderr=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE, preexec_fn=_sighup_default,
                                                 env={**os.environ, START_DELAY_ENV: "30"})
     try:
         for _ in range(300):
@@ -154,7 +160,8 @@ async def test_a_signal_while_starting_stops_what_started(data_dir: Path, sig: s
 
 async def _foreground(data_dir: Path, brokers: int, env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
     proc = await asyncio.create_subprocess_exec(*up_argv(data_dir, brokers), stdout=asyncio.subprocess.DEVNULL,
-                                                stderr=asyncio.subprocess.PIPE, env={**os.environ, **(env or {})})
+                                                stderr=asyncio.subprocess.PIPE, preexec_fn=_sighup_default,
+                                                env={**os.environ, **(env or {})})
     assert proc.stderr is not None
     seen = b""
     while b"Ctrl-C stops the cluster" not in seen:
