@@ -809,7 +809,14 @@ class Log:
                 os.close(fd)
         self._dir_synced = max(self._dir_synced, dir_changes)
         if generation != self._generation:
-            return  # truncated meanwhile: those segments may hold new, unflushed data
+            # Truncated meanwhile: those segments may hold new, unflushed data. The ones still rolled go back
+            # in the queue for the next round; dropped, they stayed unflushed and held the recovery point
+            # where it was until a full flush (a clean shutdown, by default), so a crash re-validated them all.
+            # (Kafka flushes up to an offset, so a later flush covers what an earlier one skipped.)
+            active, queued = self.segments[-1], set(map(id, self._rolled_unflushed))
+            back = [s for s in segs if s.fd >= 0 and s is not active and s.unflushed and id(s) not in queued]
+            self._rolled_unflushed[:0] = back
+            return
         for s in segs:
             s.unflushed = False
         if not any(s.unflushed for s in self.segments[:-1]):

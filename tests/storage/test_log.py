@@ -843,6 +843,32 @@ async def test_a_roll_flush_overtaken_by_a_truncation_marks_nothing_flushed(pdir
     log.close()
 
 
+async def test_rolled_segments_a_truncation_left_alone_are_flushed_by_the_next_round(pdir: Path) -> None:
+    """A truncation of the active segment during the deferred roll flush's fsync leaves the rolled segments
+    rolled: they wait for the next round, which moves the recovery point over them. (They were dropped from
+    the queue, stayed unflushed and held the recovery point at 0 until a clean shutdown: a crash then
+    re-validated every segment.)"""
+    import asyncio
+
+    log = open_log(pdir, segment_bytes=300)
+    log.defer_roll_flush = True
+    for i in range(4):
+        log.append_as_leader(batch(1, size=200, tag=i), 0)
+    rolled = log.segments[:-1]
+    flushing = asyncio.ensure_future(log.flush_rolled_segments())
+    await asyncio.sleep(0)  # its fsync of segments 0-2 has started
+    log.truncate_to(3)  # the active segment's one batch: a follower's divergent tail
+    await flushing
+    assert log.recovery_point == 0
+    await log.flush_rolled_segments()
+    assert log.recovery_point == 3 and not any(s.unflushed for s in rolled)
+    log.append_as_leader(batch(1, size=200, tag=9), 0)  # offset 3, and a roll
+    log.append_as_leader(batch(1, size=200, tag=10), 0)
+    await log.flush_rolled_segments()
+    assert log.recovery_point == 4
+    log.close()
+
+
 def test_retention_bytes_deletes_a_segment_only_if_as_much_remains(pdir: Path) -> None:
     # as Kafka's ``diff - segment.size >= 0``: a segment goes only if what is left is still at least
     # retention.bytes, so a log exactly at the limit loses nothing
