@@ -424,6 +424,13 @@ class ReplicaManager:
         return ErrorCode.NONE
 
     async def update_metadata(self, req: UpdateMetadataRequest) -> dict[str, Any]:
+        # Under the lock of LeaderAndIsr and StopReplica, as Kafka's maybeUpdateMetadataCache takes the
+        # replicaStateChangeLock: a LeaderAndIsr waiting on a log's creation would otherwise write its older
+        # partition states into the metadata after a newer UpdateMetadata had.
+        async with self._state_lock:
+            return self._update_metadata(req)
+
+    def _update_metadata(self, req: UpdateMetadataRequest) -> dict[str, Any]:
         error = self._check_control(req.header)
         if error is not ErrorCode.NONE:
             return {"error": int(error)}

@@ -158,3 +158,26 @@ async def test_a_replica_refused_while_fenced_is_asked_for_again_once_unfenced(t
     finally:
         await rm.shutdown()
         await lm.close()
+
+
+async def test_an_update_metadata_waits_for_the_leader_and_isr_in_progress(tmp_path: Path) -> None:
+    """An UpdateMetadata arriving while a LeaderAndIsr creates its log is applied after it (Kafka's
+    replicaStateChangeLock): the newer partition state it carries is the one metadata answers, not the older
+    one the LeaderAndIsr applied."""
+    rm, lm = await leader(tmp_path, RulesController((1, 2, 3), {1, 2, 3}))
+    try:
+        applying = asyncio.create_task(rm.leader_and_isr(lai(1, [1, 2, 3])))
+        await asyncio.sleep(0)  # it runs up to the log's creation in a worker thread
+        assert not applying.done()
+        newer = rq.parse_update_metadata({
+            "controller_id": 100, "controller_epoch": 1, "broker_epoch": -1,
+            "brokers": [{"node_id": b, "host": "127.0.0.1", "port": 9000 + b} for b in (1, 2, 3)],
+            "partition_states": [{"topic": TP.topic, "partition": 0, "leader": 1, "leader_epoch": 1,
+                                  "isr": [1, 2], "partition_epoch": 2, "replicas": [1, 2, 3]}]})
+        assert (await rm.update_metadata(newer))["error"] == 0
+        await applying
+        state = rm.metadata.partitions[TP]
+        assert (list(state.isr), state.partition_epoch) == ([1, 2], 2)
+    finally:
+        await rm.shutdown()
+        await lm.close()
