@@ -725,6 +725,13 @@ class Producer:
                 break
         if not drained:
             return
+        # In flight from here, not from when the task first runs: a sender pass run before it (woken by a
+        # failure in this one) fails expired batches, and took these for never sent (a definite failure)
+        # though the task then sent them. Kafka's Sender marks them on its own thread in the same pass.
+        for batches in drained.values():
+            for b in batches:
+                b.attempts += 1
+                b.in_flight = True
         self._muted.update(drained)
         self._in_flight[address] = self._in_flight.get(address, 0) + 1
         request = self._spawn(self._produce(address, drained))
@@ -756,10 +763,6 @@ class Producer:
 
     async def _produce(self, address: str, drained: dict[TopicPartition, list[ProducerBatch]]) -> None:
         try:
-            for batches in drained.values():
-                for b in batches:
-                    b.attempts += 1
-                    b.in_flight = True
             body = self._request(drained)
             try:
                 try:

@@ -203,6 +203,44 @@ async def test_a_late_answer_to_a_batch_that_expired_in_flight_changes_nothing(f
     assert [r.value for _, _, data in fake.partitions[TP0].batches for r in decode_records(data)] == [b"next"]
 
 
+class SteppingClock(ManualClock):
+    """Manual, except that the next ``steps`` monotonic reads each move time on by 1 ms after reading."""
+
+    steps = 0
+
+    def monotonic_ms(self) -> int:
+        t = super().monotonic_ms()
+        if self.steps:
+            self.steps -= 1
+            self.advance(1)
+        return t
+
+
+async def test_a_batch_drained_for_a_request_is_in_flight_before_its_request_task_runs(fake: FakeCluster) -> None:
+    """A's expiry in a sender pass resets the producer id, which runs the next pass at once; B, drained for a
+    retry in the first pass, expires in the second before its request's task has run. It counts as in flight
+    (maybe written), since that task sends it: it was told never written (a definite failure), and the leader
+    appended it (found by a review of await points)."""
+    clock = SteppingClock()
+    async with Producer(fake.bootstrap, fast(linger_ms=0), clock=clock) as producer:
+        fake.errors[TP0].append(ErrorCode.NOT_ENOUGH_REPLICAS)  # retriable and not appended: retried
+        fake.errors[TP1].append(ErrorCode.NOT_ENOUGH_REPLICAS)
+        a = await producer.send(TOPIC, b"a", partition=0)  # its deadline: 10000
+        await until(lambda: fake.produce_requests == 1, "a's first attempt")
+        clock.advance(1)
+        b = await producer.send(TOPIC, b"b", partition=1)  # its deadline: 10001
+        await until(lambda: fake.produce_requests == 2, "b's first attempt")
+        await asyncio.sleep(0.05)  # both answered and queued for a retry
+        assert not a.done() and not b.done()
+        clock.advance(10_000 - clock.monotonic_ms())
+        clock.steps = 2  # the next two passes read 10000 and 10001
+        await asyncio.wait_for(producer.flush(), 10)
+        assert isinstance(a.exception(), DeliveryTimeoutError) and is_definite_failure(a.exception())
+        assert not is_definite_failure(b.exception()), b.exception()
+    # close waited for b's request
+    assert [r.value for _, _, data in fake.partitions[TP1].batches for r in decode_records(data)] == [b"b"]
+
+
 @pytest.mark.parametrize("idempotence", [True, False])
 @pytest.mark.parametrize("records_per_batch", [40, 8])  # one batch; or requests of several batches, each too large
 async def test_a_batch_larger_than_the_topic_allows_is_split_and_sent_in_order(
