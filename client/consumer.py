@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -165,6 +165,7 @@ class Consumer:
         self._reported_unknown: set[TopicPartition] = set()
         self._fetch_errors: dict[TopicPartition, str] = {}  # see fetch_errors
         self._reset_wanted: list[TopicPartition] = []
+        self._seeks: Counter[TopicPartition] = Counter()  # seeks asked for per partition (see _reset)
         self._closed = False
 
     async def __aenter__(self) -> Consumer:
@@ -210,13 +211,14 @@ class Consumer:
         tp = as_topic_partition(tp)
         check_int("offset", offset)
         self._positions.seek(tp, offset)
+        self._seeks[tp] += 1
         self._drop_buffered(tp)
 
     async def seek_to_beginning(self, *tps: TopicPartition) -> None:
-        await self._reset(self._assigned(tps) or self.assignment(), OffsetReset.EARLIEST)
+        await self._reset(self._assigned(tps) or self.assignment(), OffsetReset.EARLIEST, explicit=True)
 
     async def seek_to_end(self, *tps: TopicPartition) -> None:
-        await self._reset(self._assigned(tps) or self.assignment(), OffsetReset.LATEST)
+        await self._reset(self._assigned(tps) or self.assignment(), OffsetReset.LATEST, explicit=True)
 
     def _assigned(self, tps: Iterable[object]) -> list[TopicPartition]:
         """``tps`` checked to be assigned, before any request is sent (NotAssignedError otherwise)."""
@@ -561,12 +563,24 @@ class Consumer:
 
     # -- offsets ---------------------------------------------------------------------------------
 
-    async def _reset(self, tps: Sequence[TopicPartition], policy: OffsetReset) -> None:
+    async def _reset(self, tps: Sequence[TopicPartition], policy: OffsetReset, *, explicit: bool = False) -> None:
+        """Look the offsets up and seek there. What happened while the lookup was out wins over its answer (as
+        Kafka applies a reset only while the partition still awaits it): a later seek over a seek_to_beginning
+        or seek_to_end (``explicit``), a poll that gave the partition a position over position()'s own reset.
+        Applied regardless, a position() beside a poll read again what that poll had returned (earliest) or
+        skipped what it had not (latest)."""
         if policy is OffsetReset.NONE:
             raise error_for(ErrorCode.OFFSET_OUT_OF_RANGE, "no position and auto.offset.reset=none")
         ts = EARLIEST_TIMESTAMP if policy is OffsetReset.EARLIEST else LATEST_TIMESTAMP
+        if explicit:
+            self._seeks.update(tps)
+        mine = {tp: self._seeks[tp] for tp in tps}
         offsets = await self.list_offsets(tps, ts)
         for tp, offset in offsets.items():
+            if not self._positions.is_assigned(tp) or self._seeks[tp] != mine[tp]:
+                continue
+            if not explicit and self._positions.get(tp).offset is not None:
+                continue
             self._positions.seek(tp, offset)
             self._drop_buffered(tp)
 

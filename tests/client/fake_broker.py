@@ -181,6 +181,9 @@ class FakeCluster:
         self.malformed_list_offsets = 0  # the next n list_offsets answers carry offset None
         self.hold_produce = asyncio.Event()  # cleared: produce requests wait (unanswered) until it is set
         self.hold_produce.set()
+        # each list_offsets request takes the next gate, if any, and is answered once that gate is set
+        self.list_offsets_gates: deque[asyncio.Event] = deque()
+        self.list_offsets_held = 0  # requests that took a gate
 
     def headers(self, tp: TopicPartition) -> list[BatchHeader]:
         """The headers of ``tp``'s stored batches, in log order."""
@@ -425,6 +428,10 @@ class FakeCluster:
                     await asyncio.wait_for(self.changed.wait(), remaining)
 
     async def _list_offsets(self, node_id: int, body: dict[str, Any]) -> dict[str, Any]:
+        if self.list_offsets_gates:
+            gate = self.list_offsets_gates.popleft()
+            self.list_offsets_held += 1
+            await gate.wait()
         topics = []
         for t in body["topics"]:
             parts = []

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import msgpack
 import pytest
@@ -18,6 +20,8 @@ from common.errors import ErrorCode, MinibrokerError
 from storage.record_batch import HEADER_SIZE, build_batch, compute_crc
 from tests.client.fake_broker import FakeCluster
 from tests.client.helpers import fast
+
+T = TypeVar("T")
 
 TOPIC = "events"
 
@@ -217,6 +221,57 @@ async def test_consumer_resets_when_the_position_fell_off_the_log(fake: FakeClus
             if len(got) >= 3:
                 break
         assert got == [3, 4, 5]
+
+
+async def _with_offset_lookup_held(fake: FakeCluster, call: Coroutine[Any, Any, T]) -> tuple[asyncio.Task[T],
+                                                                                            asyncio.Event]:
+    """``call`` run as a task until its offset lookup reaches the broker, which answers once the gate is set."""
+    gate = asyncio.Event()
+    fake.list_offsets_gates.append(gate)
+    task = asyncio.create_task(call)
+    for _ in range(500):
+        if fake.list_offsets_held:
+            break
+        await asyncio.sleep(0.01)
+    assert fake.list_offsets_held == 1
+    return task, gate
+
+
+async def test_a_position_lookup_overtaken_by_poll_moves_nothing(fake: FakeCluster) -> None:
+    """position() of a partition without a position looks its offset up; a poll meanwhile resets it itself
+    and returns records 0-9. The lookup's answer then changes nothing: position() says 10, and 0-9 are not
+    returned again (they were, when the answer was applied regardless; found by a review of await points)."""
+    tp = TopicPartition(TOPIC, 0)
+    async with Producer(fake.bootstrap, fast(linger_ms=0)) as producer:
+        for i in range(10):
+            await producer.send(TOPIC, b"%d" % i, partition=0)
+    async with Consumer(fake.bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=50) as consumer:
+        consumer.assign([tp])
+        looking, gate = await _with_offset_lookup_held(fake, consumer.position(tp))
+        got: list[int] = []
+        for _ in range(20):
+            got += [r.offset for r in await consumer.poll(timeout_ms=200)]
+            if len(got) >= 10:
+                break
+        assert got == list(range(10))
+        gate.set()
+        assert await asyncio.wait_for(looking, 10) == 10
+        assert await consumer.poll(timeout_ms=200) == []
+
+
+async def test_a_seek_made_while_a_seek_to_beginning_waits_wins(fake: FakeCluster) -> None:
+    tp = TopicPartition(TOPIC, 0)
+    async with Producer(fake.bootstrap, fast(linger_ms=0)) as producer:
+        for i in range(10):
+            await producer.send(TOPIC, b"%d" % i, partition=0)
+    async with Consumer(fake.bootstrap, fetch_max_wait_ms=50) as consumer:
+        consumer.assign([tp])
+        seeking, gate = await _with_offset_lookup_held(fake, consumer.seek_to_beginning(tp))
+        consumer.seek(tp, 7)  # asked for later: Kafka's seek after seekToBeginning
+        gate.set()
+        await asyncio.wait_for(seeking, 10)
+        assert await consumer.position(tp) == 7
+        assert [r.offset for r in await consumer.poll(timeout_ms=2_000)] == [7, 8, 9]
 
 
 async def test_latest_reset_skips_existing_records(fake: FakeCluster) -> None:
