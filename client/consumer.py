@@ -263,9 +263,9 @@ class Consumer:
     # -- poll ------------------------------------------------------------------------------------
 
     async def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[ConsumerRecord]:
-        """Up to ``max_records`` records, waiting up to ``timeout_ms`` for some to arrive."""
-        if self._closed:
-            raise RuntimeError("consumer is closed")
+        """Up to ``max_records`` records, waiting up to ``timeout_ms`` for some to arrive. RuntimeError once the
+        consumer is closed, also for a poll waiting when close() is called (from another task)."""
+        self._check_open()
         check_int("timeout_ms", timeout_ms, 0)
         limit = self.config.max_poll_records if max_records is None else check_int("max_records", max_records, 1)
         deadline = self._clock.monotonic_ms() + timeout_ms
@@ -284,14 +284,22 @@ class Consumer:
                 break
             if not self._in_flight:
                 await asyncio.sleep(min(remaining_ms, max(self.config.retry_backoff_ms, 1)) / 1000)
+                self._check_open()
                 continue
             done, _ = await asyncio.wait(list(self._in_flight.values()), timeout=remaining_ms / 1000,
                                          return_when=asyncio.FIRST_COMPLETED)
+            self._check_open()  # before the results: close() cancelled the fetches
             self._collect(done)
         out: list[ConsumerRecord] = []
         while self._buffer and len(out) < limit:
             out.append(self._buffer.popleft())
         return out
+
+    def _check_open(self) -> None:
+        """A poll after close, or one close() ended while it waited (it raised the CancelledError of the fetches
+        close cancelled, as if the poll itself had been cancelled, and went on fetching if called again)."""
+        if self._closed:
+            raise RuntimeError("consumer is closed")
 
     def _collect(self, done: Iterable[asyncio.Task[_FetchResult]]) -> None:
         for task in done:

@@ -155,6 +155,7 @@ class FakeCluster:
         self.runners: dict[int, web.AppRunner] = {}
         self.errors: dict[TopicPartition, deque[ErrorCode]] = defaultdict(deque)
         self.produce_requests = 0
+        self.fetch_requests = 0
         self.base_offset_in_answers = True  # False: successful produce answers leave base_offset out
         self.changed = asyncio.Condition()
         self.supports_idempotence = True  # False: init_producer_id is an unknown path (HTTP 404)
@@ -402,6 +403,7 @@ class FakeCluster:
         return base
 
     async def _fetch(self, node_id: int, body: dict[str, Any]) -> dict[str, Any]:
+        self.fetch_requests += 1
         loop = asyncio.get_running_loop()
         deadline = loop.time() + body["max_wait_ms"] / 1000
         while True:

@@ -274,6 +274,23 @@ async def test_a_seek_made_while_a_seek_to_beginning_waits_wins(fake: FakeCluste
         assert [r.offset for r in await consumer.poll(timeout_ms=2_000)] == [7, 8, 9]
 
 
+async def test_close_from_another_task_ends_a_waiting_poll_with_an_error_not_a_cancellation(
+        fake: FakeCluster) -> None:
+    # close() cancels the fetches a poll waits on: the poll raised their CancelledError, as if it had been
+    # cancelled itself (a loop's ``except Exception`` missed it), and a poll called again fetched again
+    consumer = Consumer(fake.bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=1_000)
+    consumer.assign([TopicPartition(TOPIC, 0)])
+    polling = asyncio.create_task(consumer.poll(timeout_ms=10_000))
+    for _ in range(500):
+        if fake.fetch_requests:
+            break
+        await asyncio.sleep(0.01)
+    await consumer.close()
+    with pytest.raises(RuntimeError, match="consumer is closed"):
+        await asyncio.wait_for(polling, 10)
+    assert not polling.cancelled()
+
+
 async def test_latest_reset_skips_existing_records(fake: FakeCluster) -> None:
     tp = TopicPartition(TOPIC, 0)
     async with Producer(fake.bootstrap, fast()) as producer:
