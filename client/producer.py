@@ -304,6 +304,7 @@ class Producer:
         self._pending: set[asyncio.Future[int]] = set()
         self._sender: asyncio.Task[None] | None = None
         self._closing = False  # close() was called: send refuses records from then on
+        self._close_called = asyncio.Event()  # the same, for sends waiting for a topic's metadata
         self._closed = False  # close() has flushed (or given up): no more retries, the sender stops
         self._need_refresh = False
         self._tps: dict[str, list[TopicPartition]] = {}  # cached TopicPartition values per topic
@@ -488,8 +489,21 @@ class Producer:
             return count
         # Kafka's waitOnMetadata: max.block.ms covers knowing the topic, not its leaders; a record for a
         # partition without a leader waits in the accumulator, bounded by delivery.timeout.ms
-        parts = await self.metadata.wait_for_topic(topic, self.config.max_block_ms, leaders=False)
-        return len(parts)
+        # close() ends the wait (Kafka's ProducerMetadata.close wakes awaitUpdate): it went on asking the brokers
+        # for up to max.block.ms after close had returned, and then failed with an unrelated error
+        waiting = asyncio.ensure_future(self.metadata.wait_for_topic(topic, self.config.max_block_ms, leaders=False))
+        closing = asyncio.ensure_future(self._close_called.wait())
+        try:
+            await asyncio.wait([waiting, closing], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (closing, waiting):
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+        if waiting.cancelled():
+            raise ProducerClosedError(f"producer closed while waiting for the metadata of topic {topic!r}")
+        return len(waiting.result())
 
     async def flush(self) -> None:
         """Send everything queued now (ignoring linger) and wait until every record sent before the call is
@@ -512,6 +526,7 @@ class Producer:
         if self._closed:
             return
         self._closing = True
+        self._close_called.set()  # a send waiting for a topic's metadata gives up now
         self._space.set()  # a send waiting for buffer.memory gives up now
         try:
             if timeout_ms is None:

@@ -203,6 +203,17 @@ async def test_a_late_answer_to_a_batch_that_expired_in_flight_changes_nothing(f
     assert [r.value for _, _, data in fake.partitions[TP0].batches for r in decode_records(data)] == [b"next"]
 
 
+async def test_close_ends_a_send_waiting_for_a_topics_metadata(fake: FakeCluster) -> None:
+    # it went on asking the brokers for max.block.ms after close had returned, then failed with another error
+    producer = Producer(fake.bootstrap, fast(max_block_ms=60_000))
+    await producer.start()
+    sending = asyncio.create_task(producer.send("not-yet-created", b"x"))
+    await until(lambda: fake.metadata_requests["not-yet-created"], "the send asks for the topic")
+    await producer.close()
+    with pytest.raises(ProducerClosedError, match="waiting for the metadata of topic 'not-yet-created'"):
+        await asyncio.wait_for(sending, 10)
+
+
 class SteppingClock(ManualClock):
     """Manual, except that the next ``steps`` monotonic reads each move time on by 1 ms after reading."""
 
