@@ -196,7 +196,9 @@ class BrokerProcess:
         log_manager.high_watermarks = rm.high_watermarks
         log_manager.start()
         self.rm = rm
-        self._runner = web.ServerRunner(build_server(rm, access_log=None), handle_signals=False, shutdown_timeout=5.0)
+        idle_s = o.config.get_int("connections.max.idle.ms") / 1000
+        self._runner = web.ServerRunner(build_server(rm, access_log=None, keepalive_timeout=idle_s),
+                                        handle_signals=False, shutdown_timeout=5.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, o.listen_host, o.listen_port, backlog=1024)
         await site.start()

@@ -34,6 +34,9 @@ def _defs(*items: ConfigDef) -> dict[str, ConfigDef]:
     return {d.name: d for d in items}
 
 
+IDLE_DOC = ("a client connection with no request for this long, or a request body that stops coming for this "
+            "long, is closed (the body's with HTTP 408)")
+
 BROKER_CONFIGS: dict[str, ConfigDef] = _defs(
     # log
     ConfigDef("log.segment.bytes", int, 1024 * 1024 * 1024, "segment file size before a roll",
@@ -77,6 +80,7 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _defs(
               max_value=INT32_MAX),
     ConfigDef("replica.socket.timeout.ms", int, 30_000, "follower request timeout", None, 1, max_value=INT32_MAX),
     ConfigDef("request.timeout.ms", int, 30_000, "upper bound on a delayed produce", None, 1, max_value=INT32_MAX),
+    ConfigDef("connections.max.idle.ms", int, 600_000, IDLE_DOC, None, 1),
     # controller link
     ConfigDef("broker.heartbeat.interval.ms", int, 2_000, "broker -> controller heartbeat interval", None, 1,
               max_value=INT32_MAX),
@@ -101,6 +105,7 @@ CONTROLLER_CONFIGS: dict[str, ConfigDef] = _defs(
     ConfigDef("metadata.snapshot.interval.records", int, 1_000, "journal records between snapshots", None, 1),
     ConfigDef("min.insync.replicas", int, 1, "default for new topics", None, 1, max_value=INT32_MAX),
     ConfigDef("unclean.leader.election.enable", bool, False, "default for new topics"),
+    ConfigDef("connections.max.idle.ms", int, 600_000, IDLE_DOC, None, 1),
 )
 
 TOPIC_CONFIGS: dict[str, ConfigDef] = {d.topic_name: d for d in BROKER_CONFIGS.values() if d.topic_name}

@@ -113,7 +113,8 @@ async def serve(host: str, port: int, data_dir: Path, config: Any, early: list[i
 
     log = get_logger("controller.cli")
     controller = Controller(data_dir, config, SystemClock())
-    runner = web.AppRunner(make_app(controller), access_log=None, handle_signals=False)
+    runner = web.AppRunner(make_app(controller), access_log=None, handle_signals=False,
+                           keepalive_timeout=config.get_int("connections.max.idle.ms") / 1000)
     await runner.setup()  # the replay and the controller epoch bump
     if stop.is_set():  # stopped while starting: no endpoint for anyone to find
         log.info("controller_stopping", exit_status=0, while_starting=True)

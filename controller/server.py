@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import generate_latest
 
+from common import serving
 from common.errors import ErrorCode
 from common.logging import get_logger
 from common.wire import (
@@ -37,6 +38,7 @@ from controller.state import NO_LEADER, MetadataImage
 log = get_logger("controller.server")
 
 CONTROLLER_KEY = web.AppKey("controller", Controller)
+MAX_BODY_BYTES = 16 * 1024 * 1024
 
 Handler = Callable[[Controller, dict[str, Any]], Awaitable[dict[str, Any]]]
 
@@ -48,10 +50,12 @@ def _msgpack(body: dict[str, Any]) -> web.Response:
 def _guard(api: str, handler: Handler) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handle(request: web.Request) -> web.Response:
         try:
-            body = decode_body(await request.read())
+            body = decode_body(await serving.read_body(request, MAX_BODY_BYTES))
             return _msgpack(await handler(request.app[CONTROLLER_KEY], body))
         except BadRequest as exc:
             return web.Response(status=400, text=f"{api}: {exc}")
+        except serving.BodyStalled as exc:
+            return exc.response()
         except web.HTTPException:
             raise  # aiohttp's own answers, e.g. 413 for a body over client_max_size
         except Exception as exc:
@@ -207,7 +211,7 @@ APIS: dict[str, Handler] = {
 
 def make_app(controller: Controller) -> web.Application:
     """The app; the controller is started on app startup and closed on cleanup."""
-    app = web.Application(client_max_size=16 * 1024 * 1024)
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[CONTROLLER_KEY] = controller
 
     async def lifecycle(app: web.Application) -> Any:

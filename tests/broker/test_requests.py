@@ -16,6 +16,7 @@ from common.wire import TopicPartition, encode
 from storage.record_batch import HEADER_SIZE, compute_crc
 from tests.broker.conftest import TP, StartBroker, batch, fetch_body, part, produce_body
 from tests.fake_controller import FakeController
+from tests.idle_connections import assert_idle_connections_are_closed
 
 
 async def leader_broker(start_broker: StartBroker, controller: FakeController, **kw: Any) -> str:
@@ -539,3 +540,11 @@ async def test_heartbeats_say_shutdown_once_controlled_shutdown_begins(start_bro
     await b.stop()
     assert len(controller.shutdown_requests) > 8
     assert any(h["want_shutdown"] for h in controller.heartbeats)
+
+
+async def test_connections_idle_for_connections_max_idle_ms_are_closed(start_broker: StartBroker) -> None:
+    """Kafka's connections.max.idle.ms: a connection with no request, or a request whose headers or body stop
+    coming, is closed (it was kept for aiohttp's default hour, a stalled body for ever: clients going quiet
+    used up the broker's file descriptors, and it then halted for a data dir failure)."""
+    b = await start_broker(sets={"connections.max.idle.ms": 300})
+    await assert_idle_connections_are_closed(b.address)

@@ -12,6 +12,7 @@ import pytest
 from common.http import RpcClient, RpcError
 from tests.controller.fakes import FakeBroker
 from tests.controller.proc_util import ControllerProc
+from tests.idle_connections import assert_idle_connections_are_closed
 
 SETTINGS = {"broker.session.timeout.ms": 60_000, "metadata.snapshot.interval.records": 7}
 
@@ -122,3 +123,13 @@ def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
         assert run.stderr.decode().strip().count("\n") == 0 and b"error" in run.stderr, run.stderr
         assert b"Traceback" not in run.stderr and message in run.stderr.decode(), run.stderr
     assert a_file.read_text() == "not a directory"
+
+
+async def test_connections_idle_for_connections_max_idle_ms_are_closed(tmp_path: Path) -> None:
+    """As the broker's: connections without progress for connections.max.idle.ms are closed."""
+    proc = ControllerProc(tmp_path / "controller", {**SETTINGS, "connections.max.idle.ms": 300})
+    try:
+        address = await asyncio.to_thread(proc.start)
+        await assert_idle_connections_are_closed(address)
+    finally:
+        proc.kill()
