@@ -30,6 +30,38 @@ class BodyStalled(Exception):
         return resp
 
 
+class _IdleWatch:
+    """The deadline of a body read that waits for the client: ``idle_s`` after the read began waiting (pushed
+    on by ``waiting``). When it passes, the body is ended early and reading from the connection stops (the
+    parser must not feed a body it has been told is over)."""
+
+    __slots__ = ("content", "handle", "idle_s", "last", "loop", "stalled", "transport")
+
+    def __init__(self, request: web.BaseRequest, idle_s: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.content, self.transport, self.idle_s = request.content, request.transport, idle_s
+        self.stalled = False
+        self.last = self.loop.time()
+        self.handle: asyncio.TimerHandle | None = self.loop.call_later(idle_s, self._check)
+
+    def waiting(self) -> None:
+        self.last = self.loop.time()
+
+    def _check(self) -> None:
+        due = self.last + self.idle_s - self.loop.time()
+        if due > 0:
+            self.handle = self.loop.call_later(due, self._check)
+            return
+        self.handle, self.stalled = None, True
+        if self.transport is not None:
+            self.transport.pause_reading()
+        self.content.feed_eof()
+
+    def cancel(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+
+
 async def read_body(request: web.BaseRequest, max_bytes: int) -> bytes:
     """The request body, copied once; HTTP 413 above ``max_bytes``; ``BodyStalled`` when it stops coming for
     the server's keep-alive timeout (``connections.max.idle.ms``).
@@ -37,47 +69,30 @@ async def read_body(request: web.BaseRequest, max_bytes: int) -> bytes:
     aiohttp's ``request.read()`` grows a ``bytearray`` and then copies it into ``bytes``: two copies,
     and with both buffers alive at once glibc grows and trims its heap for every 108 KiB produce
     body, ~22 page faults (42 us against 3 us for a join, measured in a loop). Joining the chunks
-    as they come is one copy, none when the body arrived in one chunk."""
+    as they come is one copy, none when the body arrived in one chunk. A body already in costs no timer;
+    one the read must wait for gets one per request (~5 us, docs/benchmarks/broker.md)."""
     content = request.content
     chunks: list[bytes] = []
     size = 0
-    # A body already all in (the usual case) is read without a timer; one still arriving gets one, pushed on
-    # by every chunk. When it fires, the body is ended early and reading from the connection stops (the
-    # parser must not feed a body it has been told is over); the 408 then closes the connection.
-    timer: asyncio.TimerHandle | None = None
-    stalled = False
-    idle_s = float(request.protocol.keepalive_timeout or 0)
-    loop = asyncio.get_running_loop()
-    last = loop.time()
-
-    def check() -> None:
-        nonlocal timer, stalled
-        due = last + idle_s - loop.time()
-        if due > 0:
-            timer = loop.call_later(due, check)
-            return
-        timer, stalled = None, True
-        if request.transport is not None:
-            request.transport.pause_reading()
-        content.feed_eof()
-
+    watch: _IdleWatch | None = None
     try:
         while not content.at_eof():  # at_eof: the whole body is in and read, so no empty read to end the loop
-            if timer is None and idle_s > 0 and not content.is_eof() and not stalled:
-                timer = loop.call_later(idle_s, check)
+            if content.total_bytes == size and not content.is_eof():  # nothing buffered: this read will wait
+                if watch is not None:
+                    watch.waiting()
+                elif request.protocol.keepalive_timeout:
+                    watch = _IdleWatch(request, float(request.protocol.keepalive_timeout))
             chunk = await content.readany()
             if not chunk:
                 break
-            if timer is not None:
-                last = loop.time()
             size += len(chunk)
             if size > max_bytes:
                 raise web.HTTPRequestEntityTooLarge(max_bytes, size)
             chunks.append(chunk)
     finally:
-        if timer is not None:
-            timer.cancel()
-    if stalled:
-        raise BodyStalled(f"the request body stopped coming: nothing for {idle_s:g} s after {size} bytes "
+        if watch is not None:
+            watch.cancel()
+    if watch is not None and watch.stalled:
+        raise BodyStalled(f"the request body stopped coming: nothing for {watch.idle_s:g} s after {size} bytes "
                           f"(connections.max.idle.ms); the connection is closed")
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
