@@ -45,6 +45,12 @@ class Partition:
     def max_message_bytes(self) -> int:
         return self.config.get_int("message.max.bytes")
 
+    @property
+    def timestamp_bounds_ms(self) -> tuple[int, int]:
+        """How far behind and ahead of the broker's time a batch's timestamps may be."""
+        return (self.config.get_int("log.message.timestamp.before.max.ms"),
+                self.config.get_int("log.message.timestamp.after.max.ms"))
+
     def status(self, now_ms: int) -> dict[str, Any]:
         s = self.state
         return {

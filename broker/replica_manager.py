@@ -606,6 +606,9 @@ class ReplicaManager:
             return _produce_result(tp, exc.code, str(exc))
         if not headers:
             return _produce_result(tp, ErrorCode.INVALID_RECORD, "no record batch in records")
+        stale = check_timestamps(headers, self.clock.now_ms(), *p.timestamp_bounds_ms)
+        if stale is not None:
+            return _produce_result(tp, ErrorCode.INVALID_TIMESTAMP, stale)
         if acks == -1 and len(p.state.isr) < p.min_insync_replicas:
             return _produce_result(tp, ErrorCode.NOT_ENOUGH_REPLICAS,
                                    f"ISR {list(p.state.isr)} < min.insync.replicas {p.min_insync_replicas}")
@@ -945,6 +948,24 @@ def check_batches(records: bytes, *, max_batch_size: int) -> list[BatchHeader]:
         headers.append(header)
         pos += header.size
     return headers
+
+
+def check_timestamps(headers: list[BatchHeader], now_ms: int, before_ms: int, after_ms: int) -> str | None:
+    """Why the batches' timestamps are out of bounds (KIP-937: ``message.timestamp.before.max.ms`` /
+    ``after.max.ms`` around the broker's time), or None. From the headers only, as the rest of the produce
+    path: a batch's first and largest timestamps (-1, no timestamp, is let through, as Kafka does). Kafka
+    checks every record's; a record between the two that lies below them is not caught here."""
+    for i, h in enumerate(headers):
+        for ts in (h.first_timestamp, h.max_timestamp):
+            if ts == -1:
+                continue
+            if ts - now_ms > after_ms:
+                return (f"batch {i}: timestamp {ts} is {ts - now_ms} ms ahead of the broker's time "
+                        f"(message.timestamp.after.max.ms={after_ms}; the producer's clock may be wrong)")
+            if now_ms - ts > before_ms:
+                return (f"batch {i}: timestamp {ts} is {now_ms - ts} ms behind the broker's time "
+                        f"(message.timestamp.before.max.ms={before_ms})")
+    return None
 
 
 def _resolve(fut: asyncio.Future[Any], value: Any) -> None:

@@ -58,6 +58,15 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _defs(
               None, 1, max_value=INT32_MAX),
     ConfigDef("message.max.bytes", int, 1024 * 1024 + 12, "largest record batch accepted",
               "max.message.bytes", 0, max_value=INT32_MAX),
+    # Kafka's KIP-937 bounds on producer timestamps, with Kafka 4.0's defaults (KIP-1030: one hour ahead):
+    # a batch stamped far in the future kept its segment, and every later one, from time-based retention
+    # and rolling
+    ConfigDef("log.message.timestamp.after.max.ms", int, 3_600_000,
+              "refuse a batch (INVALID_TIMESTAMP) with a timestamp more than this far ahead of the broker's time",
+              "message.timestamp.after.max.ms", 0),
+    ConfigDef("log.message.timestamp.before.max.ms", int, INT64_MAX,
+              "refuse a batch (INVALID_TIMESTAMP) with a timestamp more than this far behind the broker's time",
+              "message.timestamp.before.max.ms", 0),
     # replication
     ConfigDef("min.insync.replicas", int, 1, "ISR size needed for acks=all", "min.insync.replicas", 1,
               max_value=INT32_MAX),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import time
 from typing import Any
 
 import aiohttp
@@ -548,3 +549,28 @@ async def test_connections_idle_for_connections_max_idle_ms_are_closed(start_bro
     used up the broker's file descriptors, and it then halted for a data dir failure)."""
     b = await start_broker(sets={"connections.max.idle.ms": 300})
     await assert_idle_connections_are_closed(b.address)
+
+
+async def test_timestamps_beyond_the_topics_bounds_are_refused(start_broker: StartBroker, controller: FakeController,
+                                                               rpc: RpcClient) -> None:
+    """KIP-937: a batch stamped more than message.timestamp.after.max.ms (default one hour, Kafka 4.0) ahead of
+    the broker's time, or more than before.max.ms (default unlimited) behind it, is refused with
+    INVALID_TIMESTAMP and nothing is appended (a batch from a clock years ahead kept its segment, and every
+    later one, from time-based retention and rolling for ever); a topic can set its own bounds."""
+    addr = await leader_broker(start_broker, controller)
+    now = int(time.time() * 1000)
+    hour = 3_600_000
+    ahead = part(await rpc.call(addr, "produce", produce_body(batch(ts=now + 2 * hour))))
+    assert ahead["error"] == ErrorCode.INVALID_TIMESTAMP and "after.max.ms" in ahead["error_message"]
+    ahead_in_one_of_two = batch(ts=now) + batch(ts=now + 10 * 365 * 24 * hour)
+    assert part(await rpc.call(addr, "produce", produce_body(ahead_in_one_of_two)))["error"] == \
+        ErrorCode.INVALID_TIMESTAMP
+    for ts in (now + hour // 2, now - 10 * 365 * 24 * hour, -1):  # within the hour; years back; no timestamp
+        assert part(await rpc.call(addr, "produce", produce_body(batch(ts=ts))))["error"] == 0, ts
+    assert part(await rpc.call(addr, "fetch", fetch_body(0)))["log_end_offset"] == 9
+    await controller.elect(TP, leader=1, replicas=[1], topic_configs={TP.topic: {
+        "message.timestamp.after.max.ms": 3 * hour, "message.timestamp.before.max.ms": 24 * hour}})
+    assert part(await rpc.call(addr, "produce", produce_body(batch(ts=now + 2 * hour))))["error"] == 0
+    behind = part(await rpc.call(addr, "produce", produce_body(batch(ts=now - 2 * 24 * hour))))
+    assert behind["error"] == ErrorCode.INVALID_TIMESTAMP and "before.max.ms" in behind["error_message"]
+    assert part(await rpc.call(addr, "fetch", fetch_body(0)))["log_end_offset"] == 12
