@@ -4,11 +4,13 @@ An operation waits under one or more keys (a ``TopicPartition``). Whoever
 changes what it waits for (an append, a HW move, a leadership change) calls
 ``check_and_complete(key)``; the operation's ``try_complete`` decides whether
 it can finish. Every operation completes exactly once: by its condition, by
-expiry (``expire_due`` with an injected clock) or by ``fail_all`` on shutdown.
+expiry (``expire``) or by ``complete_all`` on shutdown.
 
 No asyncio here: an operation reports its result through a callback, which
-the shell wires to a future. The shell schedules ``expire_due`` at each
-deadline (``next_deadline_ms``) instead of polling.
+the shell wires to a future. The broker's shell expires each operation with an
+event-loop timer of its own (``ReplicaManager._await_op``: real time, not
+the injected clock); ``expire_due`` / ``next_deadline_ms`` serve a caller that
+drives the clock itself (the unit tests).
 """
 
 from __future__ import annotations
