@@ -70,7 +70,7 @@ async def read_body(request: web.BaseRequest, max_bytes: int) -> bytes:
     and with both buffers alive at once glibc grows and trims its heap for every 108 KiB produce
     body, ~22 page faults (42 us against 3 us for a join, measured in a loop). Joining the chunks
     as they come is one copy, none when the body arrived in one chunk. A body already in costs no timer;
-    one the read must wait for gets one per request (~5 us, docs/benchmarks/broker.md)."""
+    one the read must wait for gets one per request (~3 us, docs/benchmarks/broker.md)."""
     content = request.content
     chunks: list[bytes] = []
     size = 0
