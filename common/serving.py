@@ -31,28 +31,36 @@ class BodyStalled(Exception):
 
 
 class _IdleWatch:
-    """The deadline of a body read that waits for the client: ``idle_s`` after the read began waiting (pushed
-    on by ``waiting``). When it passes, the body is ended early and reading from the connection stops (the
-    parser must not feed a body it has been told is over)."""
+    """The deadline of a body read that waits for the client: ``idle_s`` after the read began waiting, pushed
+    on by ``waiting``. When it passes with nothing of the body come meanwhile, the body is ended early and
+    reading from the connection stops (the parser must not feed a body it has been told is over). Bytes that
+    came count even when the timer runs first in the same loop pass (after a stall of the event loop, as
+    aiohttp's keep-alive timer checks its waiter): the read will wake, and its next wait arms the timer again."""
 
-    __slots__ = ("content", "handle", "idle_s", "last", "loop", "stalled", "transport")
+    __slots__ = ("content", "handle", "idle_s", "last", "loop", "seen", "stalled", "transport")
 
     def __init__(self, request: web.BaseRequest, idle_s: float) -> None:
         self.loop = asyncio.get_running_loop()
         self.content, self.transport, self.idle_s = request.content, request.transport, idle_s
         self.stalled = False
-        self.last = self.loop.time()
-        self.handle: asyncio.TimerHandle | None = self.loop.call_later(idle_s, self._check)
+        self.handle: asyncio.TimerHandle | None = None
+        self.last, self.seen = 0.0, 0
+        self.waiting()
 
     def waiting(self) -> None:
-        self.last = self.loop.time()
+        self.last, self.seen = self.loop.time(), self.content.total_bytes
+        if self.handle is None:
+            self.handle = self.loop.call_later(self.idle_s, self._check)
 
     def _check(self) -> None:
+        self.handle = None
+        if self.content.total_bytes != self.seen or self.content.is_eof():
+            return  # more came: not stalled
         due = self.last + self.idle_s - self.loop.time()
         if due > 0:
             self.handle = self.loop.call_later(due, self._check)
             return
-        self.handle, self.stalled = None, True
+        self.stalled = True
         if self.transport is not None:
             self.transport.pause_reading()
         self.content.feed_eof()
