@@ -585,9 +585,12 @@ class Consumer:
         mine = {tp: self._seeks[tp] for tp in tps}
         offsets = await self.list_offsets(tps, ts)
         for tp, offset in offsets.items():
-            if not self._positions.is_assigned(tp) or self._seeks[tp] != mine[tp]:
+            if not self._positions.is_assigned(tp):
                 continue
-            if not explicit and self._positions.get(tp).offset is not None:
+            # explicit: a seek or seek_to_* asked for later wins; position()'s own reset: a position found
+            # meanwhile wins (a seek_to_* merely started has set none yet: position() would have none to return)
+            moved = (self._seeks[tp] != mine[tp]) if explicit else (self._positions.get(tp).offset is not None)
+            if moved:
                 continue
             self._positions.seek(tp, offset)
             self._drop_buffered(tp)

@@ -220,6 +220,9 @@ class MetadataCache:
         if self._refreshing is not None and not self._refreshing.done():
             return await asyncio.shield(self._refreshing)
         self._refreshing = asyncio.ensure_future(self._fetch())
+        # read once done: every waiter may have gone (a send ended by the producer's close), and its failure
+        # would be logged as never retrieved
+        self._refreshing.add_done_callback(_retrieve)
         return await asyncio.shield(self._refreshing)
 
     async def _fetch(self) -> ClusterMetadata:
@@ -286,3 +289,8 @@ class MetadataCache:
                     code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 raise error_for(code, f"{code.name}: topic {topic!r}")
             await asyncio.sleep(self._retry_backoff_ms / 1000)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -495,13 +495,11 @@ class Producer:
         closing = asyncio.ensure_future(self._close_called.wait())
         try:
             await asyncio.wait([waiting, closing], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (closing, waiting):
-                if not task.done():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-        if waiting.cancelled():
+        finally:  # not awaited: awaiting them here would swallow a cancellation of the caller's own
+            closing.cancel()
+            if not waiting.done():
+                waiting.cancel()
+        if not waiting.done():
             raise ProducerClosedError(f"producer closed while waiting for the metadata of topic {topic!r}")
         return len(waiting.result())
 

@@ -13,7 +13,7 @@ import pytest
 
 from client import Consumer, Producer, TopicPartition
 from client.accumulator import record_size
-from client.errors import CorruptRecordError, DeliveryTimeoutError
+from client.errors import CorruptRecordError, DeliveryTimeoutError, is_definite_failure
 from client.partitioner import partition_for_key
 from common.clock import ManualClock
 from common.errors import ErrorCode, MinibrokerError
@@ -228,12 +228,13 @@ async def _with_offset_lookup_held(fake: FakeCluster, call: Coroutine[Any, Any, 
     """``call`` run as a task until its offset lookup reaches the broker, which answers once the gate is set."""
     gate = asyncio.Event()
     fake.list_offsets_gates.append(gate)
+    held = fake.list_offsets_held
     task = asyncio.create_task(call)
     for _ in range(500):
-        if fake.list_offsets_held:
+        if fake.list_offsets_held > held:
             break
         await asyncio.sleep(0.01)
-    assert fake.list_offsets_held == 1
+    assert fake.list_offsets_held == held + 1
     return task, gate
 
 
@@ -257,6 +258,24 @@ async def test_a_position_lookup_overtaken_by_poll_moves_nothing(fake: FakeClust
         gate.set()
         assert await asyncio.wait_for(looking, 10) == 10
         assert await consumer.poll(timeout_ms=200) == []
+
+
+async def test_position_answers_while_a_seek_to_beginning_is_out(fake: FakeCluster) -> None:
+    # position()'s own lookup comes back first: it is applied (a seek_to_beginning merely started has set no
+    # position yet), and the seek_to_beginning's answer then moves the position as asked
+    tp = TopicPartition(TOPIC, 0)
+    async with Producer(fake.bootstrap, fast(linger_ms=0)) as producer:
+        for i in range(10):
+            await producer.send(TOPIC, b"%d" % i, partition=0)
+    async with Consumer(fake.bootstrap, auto_offset_reset="latest", fetch_max_wait_ms=50) as consumer:
+        consumer.assign([tp])
+        looking, first = await _with_offset_lookup_held(fake, consumer.position(tp))
+        seeking, second = await _with_offset_lookup_held(fake, consumer.seek_to_beginning(tp))
+        first.set()
+        assert await asyncio.wait_for(looking, 10) == 10  # it raised AssertionError
+        second.set()
+        await asyncio.wait_for(seeking, 10)
+        assert await consumer.position(tp) == 0
 
 
 async def test_a_seek_made_while_a_seek_to_beginning_waits_wins(fake: FakeCluster) -> None:
@@ -488,8 +507,11 @@ async def test_system_clock_timestamps_are_wall_clock_ms(fake: FakeCluster) -> N
     assert before <= meta.timestamp <= after
 
 
-async def test_a_failed_batch_fails_each_of_its_records_and_no_other(fake: FakeCluster) -> None:
-    fake.errors[TopicPartition(TOPIC, 1)].append(ErrorCode.INVALID_RECORD)
+@pytest.mark.parametrize("code", [ErrorCode.INVALID_RECORD, ErrorCode.INVALID_TIMESTAMP])
+async def test_a_failed_batch_fails_each_of_its_records_and_no_other(fake: FakeCluster, code: ErrorCode) -> None:
+    """Refused before the append: each record's failure is definite (INVALID_TIMESTAMP was told maybe
+    written)."""
+    fake.errors[TopicPartition(TOPIC, 1)].append(code)
     async with Producer(fake.bootstrap, fast(linger_ms=60_000), clock=ManualClock()) as producer:
         futures = [await producer.send(TOPIC, b"%d" % i, partition=i % 3) for i in range(30)]
         await producer.flush()
@@ -497,7 +519,8 @@ async def test_a_failed_batch_fails_each_of_its_records_and_no_other(fake: FakeC
             if i % 3 == 1:
                 with pytest.raises(MinibrokerError) as info:
                     await f
-                assert info.value.code is ErrorCode.INVALID_RECORD and not info.value.retriable
+                assert info.value.code is code and not info.value.retriable
+                assert is_definite_failure(info.value)
             else:
                 assert (await f).offset == i // 3
 

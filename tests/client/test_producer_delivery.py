@@ -5,6 +5,7 @@ senders that keep going while a flush or close waits."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any
 
 import pytest
@@ -212,6 +213,37 @@ async def test_close_ends_a_send_waiting_for_a_topics_metadata(fake: FakeCluster
     await producer.close()
     with pytest.raises(ProducerClosedError, match="waiting for the metadata of topic 'not-yet-created'"):
         await asyncio.wait_for(sending, 10)
+
+
+async def test_close_leaves_no_unread_failure_of_the_metadata_request_it_cut_short() -> None:
+    # the refresh a closed send no longer waits for fails when close() closes its connection: that failure
+    # is read, not logged as "Task exception was never retrieved"
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def silent(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)  # a broker that takes the request and never answers
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    loop = asyncio.get_running_loop()
+    unread: list[str] = []
+    loop.set_exception_handler(lambda _loop, context: unread.append(str(context.get("message"))))
+    try:
+        producer = Producer(f"127.0.0.1:{server.sockets[0].getsockname()[1]}", fast(max_block_ms=60_000))
+        await producer.start()
+        sending = asyncio.create_task(producer.send("t", b"x"))
+        await until(lambda: accepted, "the metadata request")
+        await producer.close()
+        with pytest.raises(ProducerClosedError):
+            await asyncio.wait_for(sending, 10)
+        await asyncio.sleep(0.1)  # the refresh fails on its closed connection
+        del producer, sending
+        gc.collect()
+        await asyncio.sleep(0)
+        assert unread == []
+    finally:
+        loop.set_exception_handler(None)
+        for writer in accepted:
+            writer.close()
+        server.close()
 
 
 class SteppingClock(ManualClock):
