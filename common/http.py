@@ -43,7 +43,9 @@ the answer to the next request. A pooled connection that the server closed
 while it was idle (aiohttp's keep-alive timeout, a restart) is dropped before
 any request is written on it: ``connection_lost`` marks it dead, and a
 non-blocking poll catches a close that the event loop has not read yet (one
-cheap system call per request). After an HTTP error status the connection is
+cheap system call per request). One idle for ``max_idle_s`` (9 minutes, below
+the servers' 10-minute ``connections.max.idle.ms``) is closed rather than
+reused, so a request is not written just as the server closes it. After an HTTP error status the connection is
 closed too (the server may not have read the whole body). A request that
 was written is never sent again: a produce is not idempotent, so a connection
 that breaks after the write is the caller's ``RpcConnectionError``.
@@ -58,6 +60,7 @@ import ipaddress
 import json
 import select
 import socket
+import time
 from typing import Any, cast
 
 import httptools
@@ -107,13 +110,14 @@ class _Connection(asyncio.Protocol):
     """
 
     __slots__ = ("_body", "_framed", "_header_bytes", "_headers_done", "_lost", "_parser", "_peer_eof",
-                 "_received", "alive", "answer", "content_type", "keep_alive", "max_bytes", "poller", "status",
-                 "transport")
+                 "_received", "alive", "answer", "content_type", "idle_since", "keep_alive", "max_bytes", "poller",
+                 "status", "transport")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.poller: select.poll | None = None  # the transport's socket, for ``still_open``
         self.alive = True  # False once closed, closing, broken or sent something unasked
+        self.idle_since = 0.0  # monotonic time it went back to its pool
         self.answer: asyncio.Future[bytes] | None = None
         self.status = 0
         self.keep_alive = False
@@ -260,10 +264,16 @@ class _Connection(asyncio.Protocol):
         answer.set_result(body[0] if len(body) == 1 else b"".join(body))
 
 
+# A pooled connection idle this long is closed rather than reused: below the servers' connections.max.idle.ms
+# (10 minutes), so that a request is not written on a connection the server is closing just then (lost as a
+# connection error, never resent). Kafka's clients default to 9 minutes against the broker's 10 for this.
+CLIENT_MAX_IDLE_S = 540.0
+
+
 class _Pool:
     """The connections to one address; at most ``limit`` of them, open, opening or idle."""
 
-    def __init__(self, address: str, limit: int) -> None:
+    def __init__(self, address: str, limit: int, max_idle_s: float = CLIENT_MAX_IDLE_S) -> None:
         host, sep, port = address.rpartition(":")
         if not sep or not port.isdigit():
             raise ValueError(f"address must be host:port, got {address!r}")
@@ -271,6 +281,7 @@ class _Pool:
         self.port = int(port)
         self.address = address
         self.limit = limit if limit > 0 else 1 << 30
+        self.max_idle_s = max_idle_s
         self.size = 0  # connections counted against the limit: open, opening, in use or idle
         self.idle: list[_Connection] = []
         self.conns: set[_Connection] = set()
@@ -290,10 +301,10 @@ class _Pool:
     async def acquire(self, deadline: float) -> _Connection:
         while self.idle:  # most recently used first: the least likely to have been closed by the server
             conn = self.idle.pop()
-            if conn.still_open():
+            if conn.still_open() and time.monotonic() - conn.idle_since < self.max_idle_s:
                 return conn
             conn.abort()
-            self.size -= 1  # closed while idle, before any request was written on it
+            self.size -= 1  # closed (or idle too long) before any request was written on it
             self.conns.discard(conn)
         if self.size < self.limit and not self.waiters:
             self.size += 1
@@ -368,6 +379,7 @@ class _Pool:
                 waiter.set_result(conn)
             else:
                 conn.answer = None
+                conn.idle_since = time.monotonic()
                 self.idle.append(conn)
             return
         if conn is not None:
@@ -409,8 +421,9 @@ class _Pool:
 
 class RpcClient:
     def __init__(self, *, limit_per_host: int = 8, timeout_s: float = 30.0,
-                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
+                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES, max_idle_s: float = CLIENT_MAX_IDLE_S) -> None:
         self._limit_per_host = limit_per_host
+        self._max_idle_s = max_idle_s
         self._timeout_s = timeout_s
         self._max_response_bytes = max_response_bytes
         self._pools: dict[str, _Pool] = {}
@@ -418,7 +431,7 @@ class RpcClient:
     def _pool(self, address: str) -> _Pool:
         pool = self._pools.get(address)
         if pool is None:
-            pool = self._pools[address] = _Pool(address, self._limit_per_host)
+            pool = self._pools[address] = _Pool(address, self._limit_per_host, self._max_idle_s)
         return pool
 
     async def call(self, address: str, api: str, body: dict[str, Any], *,

@@ -473,3 +473,19 @@ async def test_only_2xx_is_an_answer_and_5xx_is_retriable(client: RpcClient, sta
             await client.call(address, "x", {})
     assert type(info.value) is error
     assert isinstance(info.value, RpcConnectionError) is retriable
+
+
+async def test_a_connection_idle_for_max_idle_s_is_not_reused() -> None:
+    """Closed by the client below the server's connections.max.idle.ms (as Kafka's clients, 9 minutes against
+    10), so a request is never written on a connection the server is closing just then."""
+    rec = Recorder()
+    client = RpcClient(limit_per_host=1, timeout_s=10, max_idle_s=0.05)
+    try:
+        async with aiohttp_server(rec) as address:
+            await client.call(address, "echo", {"i": 1})
+            await client.call(address, "echo", {"i": 2})  # at once: the same connection
+            await asyncio.sleep(0.1)
+            await client.call(address, "echo", {"i": 3})
+            assert rec.ports[0] == rec.ports[1] != rec.ports[2]
+    finally:
+        await client.close()
