@@ -45,8 +45,9 @@ any request is written on it: ``connection_lost`` marks it dead, and a
 non-blocking poll catches a close that the event loop has not read yet (one
 cheap system call per request). One idle for ``max_idle_s`` (9 minutes, below
 the servers' 10-minute ``connections.max.idle.ms``) is closed rather than
-reused, so a request is not written just as the server closes it. After an HTTP error status the connection is
-closed too (the server may not have read the whole body). A request that
+reused, so a request is not written just as the server closes it. After an
+HTTP error status the connection is closed too (the server may not have read
+the whole body). A request that
 was written is never sent again: a produce is not idempotent, so a connection
 that breaks after the write is the caller's ``RpcConnectionError``.
 """
