@@ -238,14 +238,19 @@ async def _with_offset_lookup_held(fake: FakeCluster, call: Coroutine[Any, Any, 
     return task, gate
 
 
+async def _ten_records(fake: FakeCluster) -> TopicPartition:
+    """Offsets 0-9 written to partition 0, which is returned."""
+    async with Producer(fake.bootstrap, fast(linger_ms=0)) as producer:
+        for i in range(10):
+            await producer.send(TOPIC, b"%d" % i, partition=0)
+    return TopicPartition(TOPIC, 0)
+
+
 async def test_a_position_lookup_overtaken_by_poll_moves_nothing(fake: FakeCluster) -> None:
     """position() of a partition without a position looks its offset up; a poll meanwhile resets it itself
     and returns records 0-9. The lookup's answer then changes nothing: position() says 10, and 0-9 are not
     returned again (they were, when the answer was applied regardless; found by a review of await points)."""
-    tp = TopicPartition(TOPIC, 0)
-    async with Producer(fake.bootstrap, fast(linger_ms=0)) as producer:
-        for i in range(10):
-            await producer.send(TOPIC, b"%d" % i, partition=0)
+    tp = await _ten_records(fake)
     async with Consumer(fake.bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=50) as consumer:
         consumer.assign([tp])
         looking, gate = await _with_offset_lookup_held(fake, consumer.position(tp))
@@ -263,10 +268,7 @@ async def test_a_position_lookup_overtaken_by_poll_moves_nothing(fake: FakeClust
 async def test_position_answers_while_a_seek_to_beginning_is_out(fake: FakeCluster) -> None:
     # position()'s own lookup comes back first: it is applied (a seek_to_beginning merely started has set no
     # position yet), and the seek_to_beginning's answer then moves the position as asked
-    tp = TopicPartition(TOPIC, 0)
-    async with Producer(fake.bootstrap, fast(linger_ms=0)) as producer:
-        for i in range(10):
-            await producer.send(TOPIC, b"%d" % i, partition=0)
+    tp = await _ten_records(fake)
     async with Consumer(fake.bootstrap, auto_offset_reset="latest", fetch_max_wait_ms=50) as consumer:
         consumer.assign([tp])
         looking, first = await _with_offset_lookup_held(fake, consumer.position(tp))
@@ -279,10 +281,7 @@ async def test_position_answers_while_a_seek_to_beginning_is_out(fake: FakeClust
 
 
 async def test_a_seek_made_while_a_seek_to_beginning_waits_wins(fake: FakeCluster) -> None:
-    tp = TopicPartition(TOPIC, 0)
-    async with Producer(fake.bootstrap, fast(linger_ms=0)) as producer:
-        for i in range(10):
-            await producer.send(TOPIC, b"%d" % i, partition=0)
+    tp = await _ten_records(fake)
     async with Consumer(fake.bootstrap, fetch_max_wait_ms=50) as consumer:
         consumer.assign([tp])
         seeking, gate = await _with_offset_lookup_held(fake, consumer.seek_to_beginning(tp))
