@@ -656,16 +656,20 @@ def test_follower_epochs_never_decrease_along_the_log(pdir: Path) -> None:
     log.close()
 
 
+def damage_second_batch(pdir: Path) -> None:
+    """Flip a byte inside the CRC-covered part of the second batch of the first segment."""
+    seg = pdir / "00000000000000000000.log"
+    data = bytearray(seg.read_bytes())
+    data[rb.parse_header(data).size + 40] ^= 0x55
+    seg.write_bytes(bytes(data))
+
+
 def test_batches_below_the_recovery_point_are_trusted_above_validated(pdir: Path) -> None:
     log = open_log(pdir, index_interval_bytes=100)
     for _ in range(6):
         log.append_as_leader(batch(2, size=80), 0)
     log.close()
-    seg = pdir / "00000000000000000000.log"
-    data = bytearray(seg.read_bytes())
-    second = rb.parse_header(data).size
-    data[second + 40] ^= 0x55  # inside the CRC-covered part of the batch at offset 2
-    seg.write_bytes(bytes(data))
+    damage_second_batch(pdir)  # the batch at offset 2
     log = Log.open(pdir, LogConfig(index_interval_bytes=100), ManualClock(TS), recovery_point=12)
     assert log.log_end_offset == 12  # clean close: nothing is re-validated
     log.close()
@@ -813,10 +817,7 @@ def test_a_truncation_below_the_recovery_point_lowers_it(pdir: Path) -> None:
     log.append_as_leader(batch(2, size=80, tag=9), 0)  # offsets 2-3, not flushed
     checkpointed = log.recovery_point
     log.close()
-    seg = pdir / "00000000000000000000.log"
-    data = bytearray(seg.read_bytes())
-    data[rb.parse_header(data).size + 40] ^= 0x55  # the batch at offset 2 comes back damaged after a crash
-    seg.write_bytes(bytes(data))
+    damage_second_batch(pdir)  # the batch at offset 2 comes back damaged after a crash
     log = Log.open(pdir, LogConfig(index_interval_bytes=100), ManualClock(TS), recovery_point=checkpointed)
     assert log.log_end_offset == 2  # validated and cut
     log.close()
