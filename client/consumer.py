@@ -164,8 +164,8 @@ class Consumer:
         self._backoff_until: dict[TopicPartition, int] = {}
         self._reported_unknown: set[TopicPartition] = set()
         self._fetch_errors: dict[TopicPartition, str] = {}  # see fetch_errors
-        self._reset_wanted: list[TopicPartition] = []
-        self._seeks: Counter[TopicPartition] = Counter()  # seeks asked for per partition (see _reset)
+        self._reset_wanted: dict[TopicPartition, int] = {}  # the poll's reset in flight: seeks seen per partition
+        self._seeks: Counter[TopicPartition] = Counter()  # seeks asked for per partition (see _still_awaits)
         self._closed = False
 
     async def __aenter__(self) -> Consumer:
@@ -215,10 +215,20 @@ class Consumer:
         self._drop_buffered(tp)
 
     async def seek_to_beginning(self, *tps: TopicPartition) -> None:
-        await self._reset(self._assigned(tps) or self.assignment(), OffsetReset.EARLIEST, explicit=True)
+        await self._seek_to(self._assigned(tps) or self.assignment(), OffsetReset.EARLIEST)
 
     async def seek_to_end(self, *tps: TopicPartition) -> None:
-        await self._reset(self._assigned(tps) or self.assignment(), OffsetReset.LATEST, explicit=True)
+        await self._seek_to(self._assigned(tps) or self.assignment(), OffsetReset.LATEST)
+
+    async def _seek_to(self, tps: Sequence[TopicPartition], strategy: OffsetReset) -> None:
+        """Kafka's seekToBeginning/seekToEnd: from the call on, the partitions await a reset by ``strategy``
+        (a poll meanwhile fetches nothing from their old positions and, if it looks them up itself, looks
+        them up the same way); the lookup is then made here, so the positions are known on return."""
+        for tp in tps:
+            self._positions.request_reset(tp, strategy)
+            self._seeks[tp] += 1
+            self._drop_buffered(tp)
+        await self._reset(tps)
 
     def _assigned(self, tps: Iterable[object]) -> list[TopicPartition]:
         """``tps`` checked to be assigned, before any request is sent (NotAssignedError otherwise)."""
@@ -230,14 +240,14 @@ class Consumer:
     async def position(self, tp: TopicPartition) -> int:
         """The offset of the next record ``poll`` returns for ``tp``."""
         tp = self._assigned([tp])[0]
-        for r in self._buffer:
-            if r.topic == tp.topic and r.partition == tp.partition:
-                return r.offset
-        if self._positions.get(tp).offset is None:
-            await self._reset([tp], self.config.auto_offset_reset)
-        offset = self._positions.get(tp).offset
-        assert offset is not None
-        return offset
+        while True:  # until it has one, as Kafka's position() (a seek_to_* meanwhile: its reset, not ours)
+            for r in self._buffer:
+                if r.topic == tp.topic and r.partition == tp.partition:
+                    return r.offset
+            offset = self._positions.get(tp).offset
+            if offset is not None:
+                return offset
+            await self._reset([tp])
 
     def high_watermark(self, tp: TopicPartition) -> int:
         """The HW seen in the last fetch of ``tp`` (-1 before any)."""
@@ -352,9 +362,7 @@ class Consumer:
     def _spawn_reset(self, tps: Sequence[TopicPartition]) -> None:
         """Find positions for ``tps`` by ``auto.offset.reset`` in a task like a fetch's, so poll keeps
         to its timeout and partitions with no leader (or that do not exist) do not hold up the others."""
-        policy = self.config.auto_offset_reset
-        if policy is OffsetReset.NONE:
-            raise error_for(ErrorCode.OFFSET_OUT_OF_RANGE, "no position and auto.offset.reset=none")
+        timestamps = self._reset_timestamps(tps)
         if "__reset__" in self._in_flight:
             return
         now = self._clock.monotonic_ms()
@@ -368,39 +376,39 @@ class Consumer:
             self._spawn_refresh()
         if not known:
             return
-        ts = EARLIEST_TIMESTAMP if policy is OffsetReset.EARLIEST else LATEST_TIMESTAMP
 
         async def reset() -> _FetchResult:
-            by_leader: dict[str, list[TopicPartition]] = {}
+            by_leader: dict[tuple[str, int], list[TopicPartition]] = {}  # by leader and timestamp
             for tp in known:
                 leader = md.leader_address(tp)
                 assert leader is not None
-                by_leader.setdefault(leader[1], []).append(tp)
+                by_leader.setdefault((leader[1], timestamps[tp]), []).append(tp)
             found: dict[TopicPartition, int] = {}
             failed: dict[TopicPartition, str] = {}
             try:
-                answers = await asyncio.gather(*(self._list_offsets_at(a, ps, ts) for a, ps in by_leader.items()))
+                answers = await asyncio.gather(*(self._list_offsets_at(a, ps, ts)
+                                                 for (a, ts), ps in by_leader.items()))
             except MinibrokerError as exc:
                 return _FetchResult("__reset__", {}, None, str(exc), exc)
             except Exception as exc:  # a bug, not the brokers' answer: fail this reset, retried after a backoff
                 log.exception("consumer_offset_reset_failed", partitions=[str(tp) for tp in known])
                 error = f"offset reset failed: {exc!r}"
                 return _FetchResult("__reset__", {}, None, error, failed=dict.fromkeys(known, error))
-            for (address, ps), (part, err) in zip(by_leader.items(), answers, strict=True):
+            for ((address, _), ps), (part, err) in zip(by_leader.items(), answers, strict=True):
                 found.update((tp, offset) for tp, offset in part.items() if offset >= 0)  # -1: none, no position
                 failed.update((tp, err or f"list_offsets to {address}: no offset") for tp in ps if tp not in found)
             missing = [tp for tp in known if tp not in found]
             return _FetchResult("__reset__", found, None, f"no offset for {missing}" if missing else None,
                                 failed=failed)
 
-        self._reset_wanted = known
+        self._reset_wanted = {tp: self._seeks[tp] for tp in known}
         self._in_flight["__reset__"] = asyncio.create_task(reset())
 
     def _apply_reset(self, result: _FetchResult) -> None:
         self._fetch_errors.update(result.failed)
         for tp, offset in result.offsets.items():
             self._fetch_errors.pop(tp, None)
-            if tp in self._positions.needs_reset():
+            if self._still_awaits(tp, self._reset_wanted.get(tp, -1)):
                 self._positions.seek(tp, offset)
                 self._drop_buffered(tp)
         missing = [tp for tp in self._reset_wanted if tp not in result.offsets]
@@ -571,29 +579,37 @@ class Consumer:
 
     # -- offsets ---------------------------------------------------------------------------------
 
-    async def _reset(self, tps: Sequence[TopicPartition], policy: OffsetReset, *, explicit: bool = False) -> None:
-        """Look the offsets up and seek there. What happened while the lookup was out wins over its answer (as
-        Kafka applies a reset only while the partition still awaits it): a later seek over a seek_to_beginning
-        or seek_to_end (``explicit``), a poll that gave the partition a position over position()'s own reset.
+    def _reset_timestamps(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """The ListOffsets timestamp of each partition's reset (see ``Positions.reset_strategy``); Kafka's
+        NoOffsetForPartitionException, OFFSET_OUT_OF_RANGE here, if one has none (auto.offset.reset=none)."""
+        out: dict[TopicPartition, int] = {}
+        for tp in tps:
+            strategy = self._positions.reset_strategy(tp, self.config.auto_offset_reset)
+            if strategy is OffsetReset.NONE:
+                raise error_for(ErrorCode.OFFSET_OUT_OF_RANGE, f"no position for {tp} and auto.offset.reset=none")
+            out[tp] = EARLIEST_TIMESTAMP if strategy is OffsetReset.EARLIEST else LATEST_TIMESTAMP
+        return out
+
+    def _still_awaits(self, tp: TopicPartition, seeks: int) -> bool:
+        """A reset looked up when ``tp`` had seen ``seeks`` seeks applies only while ``tp`` still awaits that
+        reset (Kafka's rule): no seek or seek_to_* since, and no position found meanwhile (a poll's own reset).
         Applied regardless, a position() beside a poll read again what that poll had returned (earliest) or
-        skipped what it had not (latest)."""
-        if policy is OffsetReset.NONE:
-            raise error_for(ErrorCode.OFFSET_OUT_OF_RANGE, "no position and auto.offset.reset=none")
-        ts = EARLIEST_TIMESTAMP if policy is OffsetReset.EARLIEST else LATEST_TIMESTAMP
-        if explicit:
-            self._seeks.update(tps)
+        skipped what it had not (latest), and an older lookup overwrote a later seek."""
+        return (self._positions.is_assigned(tp) and self._seeks[tp] == seeks
+                and self._positions.get(tp).offset is None)
+
+    async def _reset(self, tps: Sequence[TopicPartition]) -> None:
+        """Look up the positions of ``tps``, each by its reset strategy, and seek there (``_still_awaits``)."""
         mine = {tp: self._seeks[tp] for tp in tps}
-        offsets = await self.list_offsets(tps, ts)
-        for tp, offset in offsets.items():
-            if not self._positions.is_assigned(tp):
-                continue
-            # explicit: a seek or seek_to_* asked for later wins; position()'s own reset: a position found
-            # meanwhile wins (a seek_to_* merely started has set none yet: position() would have none to return)
-            moved = (self._seeks[tp] != mine[tp]) if explicit else (self._positions.get(tp).offset is not None)
-            if moved:
-                continue
-            self._positions.seek(tp, offset)
-            self._drop_buffered(tp)
+        by_ts: dict[int, list[TopicPartition]] = {}
+        for tp, ts in self._reset_timestamps(tps).items():
+            by_ts.setdefault(ts, []).append(tp)
+        for ts, group in by_ts.items():
+            offsets = await self.list_offsets(group, ts)
+            for tp, offset in offsets.items():
+                if self._still_awaits(tp, mine[tp]):
+                    self._positions.seek(tp, offset)
+                    self._drop_buffered(tp)
 
     async def list_offsets(self, tps: Sequence[TopicPartition], timestamp: int, *,
                            timeout_ms: int | None = None) -> dict[TopicPartition, int]:

@@ -52,6 +52,7 @@ class PartitionPosition:
     offset: int | None  # None: needs a reset
     leader_epoch: int = -1  # epoch of the last record returned (-1 unknown)
     high_watermark: int = -1
+    reset: OffsetReset | None = None  # with no offset: the reset asked for (seek_to_*), else auto.offset.reset
 
 
 class Positions:
@@ -85,6 +86,16 @@ class Positions:
             raise ValueError(f"offset must be >= 0 and < 2**63, got {offset}")
         self._state[tp] = PartitionPosition(offset)
 
+    def request_reset(self, tp: TopicPartition, strategy: OffsetReset) -> None:
+        """Kafka's ``requestOffsetReset`` (seekToBeginning/seekToEnd): the position is dropped at once, so no
+        fetch goes on from the old one, and the next lookup for ``tp`` uses ``strategy``."""
+        self.get(tp)
+        self._state[tp] = PartitionPosition(None, reset=strategy)
+
+    def reset_strategy(self, tp: TopicPartition, default: OffsetReset) -> OffsetReset:
+        """How to find ``tp``'s position: the reset asked for, or ``default`` (auto.offset.reset)."""
+        return self.get(tp).reset or default
+
     def move_to_end(self, tp: TopicPartition) -> None:
         """``tp`` goes last in the order fetches list partitions (Kafka's ``movePartitionToEnd`` once a
         partition's records were handed out): a broker fills a fetch in the order it lists them, so without
@@ -102,7 +113,7 @@ class Positions:
     def set_high_watermark(self, tp: TopicPartition, hw: int) -> None:
         s = self._state.get(tp)
         if s is not None:
-            self._state[tp] = PartitionPosition(s.offset, s.leader_epoch, hw)
+            self._state[tp] = PartitionPosition(s.offset, s.leader_epoch, hw, s.reset)
 
     def accept(self, tp: TopicPartition, fetch_offset: int,
                records: list[tuple[int, ConsumerRecord]]) -> list[ConsumerRecord]:

@@ -156,6 +156,7 @@ class FakeCluster:
         self.errors: dict[TopicPartition, deque[ErrorCode]] = defaultdict(deque)
         self.produce_requests = 0
         self.fetch_requests = 0
+        self.fetch_offsets: list[tuple[TopicPartition, int]] = []  # each partition's fetch_offset, as asked
         self.base_offset_in_answers = True  # False: successful produce answers leave base_offset out
         self.changed = asyncio.Condition()
         self.supports_idempotence = True  # False: init_producer_id is an unknown path (HTTP 404)
@@ -414,6 +415,7 @@ class FakeCluster:
             for t in body["topics"]:
                 parts = []
                 for p in t["partitions"]:
+                    self.fetch_offsets.append((TopicPartition(t["topic"], p["partition"]), p["fetch_offset"]))
                     budget = min(p["partition_max_bytes"], body["max_bytes"] - size)
                     r = self._read(node_id, TopicPartition(t["topic"], p["partition"]), p["fetch_offset"],
                                    budget, p.get("current_leader_epoch", -1), min_one=size == 0,

@@ -266,18 +266,54 @@ async def test_a_position_lookup_overtaken_by_poll_moves_nothing(fake: FakeClust
 
 
 async def test_position_answers_while_a_seek_to_beginning_is_out(fake: FakeCluster) -> None:
-    # position()'s own lookup comes back first: it is applied (a seek_to_beginning merely started has set no
-    # position yet), and the seek_to_beginning's answer then moves the position as asked
+    # position()'s own lookup (latest) comes back first, but the seek_to_beginning asked for meanwhile wins:
+    # position() waits for the partition's position as Kafka's does, found by the reset asked for last (it
+    # once raised AssertionError here, then answered the latest offset the seek had already replaced)
     tp = await _ten_records(fake)
     async with Consumer(fake.bootstrap, auto_offset_reset="latest", fetch_max_wait_ms=50) as consumer:
         consumer.assign([tp])
         looking, first = await _with_offset_lookup_held(fake, consumer.position(tp))
         seeking, second = await _with_offset_lookup_held(fake, consumer.seek_to_beginning(tp))
         first.set()
-        assert await asyncio.wait_for(looking, 10) == 10  # it raised AssertionError
+        assert await asyncio.wait_for(looking, 10) == 0
         second.set()
         await asyncio.wait_for(seeking, 10)
         assert await consumer.position(tp) == 0
+
+
+async def test_a_poll_beside_a_seek_to_beginning_reads_from_the_beginning(fake: FakeCluster) -> None:
+    """seek_to_beginning drops the position at once (Kafka's requestOffsetReset): a poll while its lookup is
+    out fetches nothing from the old position, and finds the position the same way. It fetched on from 10 and
+    went back to 0 when the answer came; with auto.offset.reset=latest its own reset then went to 10."""
+    tp = await _ten_records(fake)
+    async with Consumer(fake.bootstrap, auto_offset_reset="latest", fetch_max_wait_ms=50) as consumer:
+        consumer.assign([tp])
+        consumer.seek(tp, 10)
+        assert await consumer.poll(timeout_ms=100) == []
+        seeking, gate = await _with_offset_lookup_held(fake, consumer.seek_to_beginning(tp))
+        fetches = len(fake.fetch_offsets)
+        got = [r.offset for r in await consumer.poll(timeout_ms=2_000)]
+        assert got == list(range(10))
+        assert (tp, 10) not in fake.fetch_offsets[fetches:]
+        gate.set()
+        await asyncio.wait_for(seeking, 10)
+        assert await consumer.position(tp) == 10  # the seek's own answer came after the poll's: nothing again
+        assert await consumer.poll(timeout_ms=100) == []
+
+
+async def test_a_poll_reset_started_before_a_seek_to_end_does_not_win(fake: FakeCluster) -> None:
+    # the poll's own reset (auto.offset.reset=earliest) is out when seek_to_end is asked for; its answer comes
+    # while the seek's lookup is still out, and no longer applies: the poll returns none of records 0-9
+    tp = await _ten_records(fake)
+    async with Consumer(fake.bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=50) as consumer:
+        consumer.assign([tp])
+        polling, first = await _with_offset_lookup_held(fake, consumer.poll(timeout_ms=1_000))
+        seeking, second = await _with_offset_lookup_held(fake, consumer.seek_to_end(tp))
+        first.set()
+        assert await asyncio.wait_for(polling, 10) == []
+        second.set()
+        await asyncio.wait_for(seeking, 10)
+        assert await consumer.position(tp) == 10
 
 
 async def test_a_seek_made_while_a_seek_to_beginning_waits_wins(fake: FakeCluster) -> None:
