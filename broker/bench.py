@@ -71,8 +71,8 @@ async def _stub_controller() -> tuple[web.AppRunner, str]:
 
     async def heartbeat(request: web.Request) -> web.Response:
         await request.read()
-        return web.Response(body=encode({"error": 0, "is_fenced": False, "should_shutdown": False,
-                                         "heartbeat_interval_ms": 2000}), content_type=CONTENT_TYPE)
+        return web.Response(body=encode({"error": 0, "is_fenced": False, "should_shutdown": False}),
+                            content_type=CONTENT_TYPE)
 
     async def shutdown(request: web.Request) -> web.Response:
         await request.read()

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from common.config import ConfigError, validate_topic_configs
 from common.wire import (
+    MAX_FETCH_WAIT_MS,
     MAX_INT32,
     BadRequest,
     TopicPartition,
@@ -36,7 +37,6 @@ def topic_name(body: Mapping[str, Any], name: str = "topic") -> str:
     if not _TOPIC_RE.fullmatch(topic) or len(topic) > MAX_TOPIC_LENGTH or topic in (".", ".."):
         raise BadRequest(f"invalid topic name {topic[:60]!r}: use [a-zA-Z0-9._-], at most {MAX_TOPIC_LENGTH}")
     return topic
-MAX_WAIT_MS = 5 * 60 * 1000
 MAX_TIMEOUT_MS = 5 * 60 * 1000
 
 
@@ -149,7 +149,7 @@ def parse_fetch(body: Mapping[str, Any]) -> FetchRequest:
     return FetchRequest(
         replica_id=int_field(body, "replica_id", -1, lo=-1, hi=MAX_INT32),
         broker_epoch=int_field(body, "broker_epoch", -1, lo=-1),
-        max_wait_ms=int_field(body, "max_wait_ms", 0, lo=0, hi=MAX_WAIT_MS),
+        max_wait_ms=int_field(body, "max_wait_ms", 0, lo=0, hi=MAX_FETCH_WAIT_MS),
         min_bytes=int_field(body, "min_bytes", 1, lo=0, hi=MAX_INT32),
         max_bytes=int_field(body, "max_bytes", 50 * 1024 * 1024, lo=0, hi=MAX_INT32),
         partitions=parts,

@@ -156,7 +156,7 @@ def producer_properties(items: list[str] | None, own_options: dict[str, str] | N
     own = _PRODUCER_OPTIONS if own_options is None else own_options
     settable = [name for name in PRODUCER_PROPERTIES if name not in own]
     from client.producer import parse_bool
-    from common.config import ConfigError, parse_assignments
+    from common.config import ConfigError, parse_assignments, parse_int
 
     try:
         given = parse_assignments(items or [])
@@ -169,11 +169,10 @@ def producer_properties(items: list[str] | None, own_options: dict[str, str] | N
         if key not in settable:
             raise CliError(f"--producer-property: unknown producer setting {key!r} "
                            f"(settable here: {', '.join(settable)})")
-        try:
-            out[key.replace(".", "_")] = parse_bool(key, raw) if key == "enable.idempotence" else int(raw)
-        except ValueError:
-            raise CliError(f"--producer-property {key}: expected "
-                           f"{'true or false' if key == 'enable.idempotence' else 'an integer'}, got {raw!r}") from None
+        try:  # Kafka's parsers (true/false; Long.parseLong's digits), as for broker and topic configs
+            out[key.replace(".", "_")] = parse_bool(key, raw) if key == "enable.idempotence" else parse_int(key, raw)
+        except ConfigError as exc:
+            raise CliError(f"--producer-property {exc}") from None
     return out
 
 
@@ -754,7 +753,7 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     p.add_argument("--delivery-timeout-ms", type=positive("--delivery-timeout-ms"), default=120_000,
                    help="delivery.timeout.ms: how long a record may wait for its acknowledgement, retries "
                         "included (default 120000); each request's request.timeout.ms is the smaller of this "
-                        "and 30000")
+                        "less --linger-ms and 30000")
     p.add_argument("--max-block-ms", type=non_negative("--max-block-ms"), default=10_000,
                    help="max.block.ms: how long a send may wait for the topic's metadata or for room in the "
                         "producer's buffer (default 10000)")
@@ -766,7 +765,8 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
                         "producer (retries never write a record twice); on by default with --acks all, off with "
                         "--acks 0 or 1, and true with --acks 0 or 1 is an error. When only on by default and the "
                         "brokers do not support it, records go without it (a warning); when set to true, they "
-                        "fail. request.timeout.ms defaults to the smaller of --delivery-timeout-ms and 30000")
+                        "fail. request.timeout.ms defaults to the smaller of --delivery-timeout-ms less --linger-ms "
+                        "and 30000")
     p.set_defaults(func=cmd_produce)
 
     c = sub.add_parser("consume", help="print records of a topic",

@@ -32,8 +32,8 @@ from common.cli_args import port, positive
 TOPIC = "demo"
 PARTITIONS = 3
 # Detect the killed broker in ~3 s instead of Kafka's default 9 s, so the demo does not sit idle.
-FAILOVER = ("broker.session.timeout.ms=3000", "broker.heartbeat.interval.ms=500")
-BROKER_SETTINGS = (*FAILOVER, "replica.lag.time.max.ms=5000")
+FAILOVER = ("broker.session.timeout.ms=3000",)
+BROKER_SETTINGS = (*FAILOVER, "broker.heartbeat.interval.ms=500", "replica.lag.time.max.ms=5000")
 
 
 def say(text: str) -> None:

@@ -254,7 +254,7 @@ async def consume_main(args: argparse.Namespace, out: TextIO) -> int:
                                                            max_partition_fetch_bytes=args.fetch_size,
                                                            max_poll_records=100_000))
     try:
-        await consumer.assign_topic(args.topic)
+        await consumer.assign_topic(args.topic, args.timeout_ms)
         clock = time.perf_counter
         started = clock()
         wall_start = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -396,7 +396,8 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     q.add_argument("--fetch-size", type=positive("--fetch-size"), default=1024 * 1024,
                    help="max.partition.fetch.bytes (default 1048576)")
     q.add_argument("--timeout-ms", type=positive("--timeout-ms"), default=10_000,
-                   help="stop after this long without data (default 10000)")
+                   help="stop after this long without data, and wait at most this long for the topic's metadata "
+                        "(default 10000)")
     q.add_argument("--reporting-interval", type=positive("--reporting-interval"), default=5_000, metavar="MS",
                    help="milliseconds between progress lines (default 5000)")
     add_bootstrap(q)

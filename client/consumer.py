@@ -35,7 +35,7 @@ from common.clock import Clock, SystemClock
 from common.errors import ErrorCode, MinibrokerError, error_for
 from common.http import RpcBadRequest, RpcClient, RpcError, fetch_response_limit
 from common.logging import get_logger
-from common.wire import TopicPartition
+from common.wire import MAX_FETCH_WAIT_MS, MAX_INT64, TopicPartition
 from storage.record_batch import InvalidBatchError, decode_records, iter_batches
 
 log = get_logger(__name__)
@@ -71,6 +71,15 @@ def _partition_list(tps: object, what: str) -> list[TopicPartition]:
     return [as_topic_partition(tp) for tp in tps]
 
 
+# setting -> (lowest, highest) allowed value: Kafka's INT and LONG settings, and no fetch wait a broker refuses
+# (each was accepted, and the first poll failed with INVALID_REQUEST)
+_CONFIG_RANGES: dict[str, tuple[int, int]] = {
+    "fetch_min_bytes": (1, _INT32_MAX), "fetch_max_wait_ms": (0, MAX_FETCH_WAIT_MS),
+    "fetch_max_bytes": (1, _INT32_MAX), "max_partition_fetch_bytes": (1, _INT32_MAX),
+    "max_poll_records": (1, _INT32_MAX), "request_timeout_ms": (1, _INT32_MAX), "retry_backoff_ms": (0, MAX_INT64),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class ConsumerConfig:
     auto_offset_reset: OffsetReset = OffsetReset.LATEST
@@ -93,15 +102,8 @@ class ConsumerConfig:
         elif not isinstance(reset, OffsetReset):
             raise TypeError(f"auto.offset.reset must be an OffsetReset or one of "
                             f"{', '.join(r.value for r in OffsetReset)}, got {type(reset).__name__} {reset!r}")
-        for name in ("fetch_min_bytes", "fetch_max_wait_ms", "fetch_max_bytes", "max_partition_fetch_bytes",
-                     "max_poll_records", "request_timeout_ms", "retry_backoff_ms"):
-            check_int(name.replace("_", "."), getattr(self, name))
-        for name in ("fetch_min_bytes", "fetch_max_bytes", "max_partition_fetch_bytes", "max_poll_records",
-                     "request_timeout_ms"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name.replace('_', '.')} must be > 0, got {getattr(self, name)}")
-        if self.fetch_max_wait_ms < 0 or self.retry_backoff_ms < 0:
-            raise ValueError("fetch.max.wait.ms and retry.backoff.ms must be >= 0")
+        for name, (lo, hi) in _CONFIG_RANGES.items():
+            check_int(name.replace("_", "."), getattr(self, name), lo, hi)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from common.wire import MAX_FETCH_WAIT_MS
+
 DAY_MS = 24 * 60 * 60 * 1000
 # Kafka's INT and LONG config types. A value beyond them would not fit the wire or the controller's journal.
 INT32_MAX = 2**31 - 1
@@ -68,8 +70,10 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _defs(
               "refuse a batch (INVALID_TIMESTAMP) with a timestamp more than this far behind the broker's time",
               "message.timestamp.before.max.ms", 0),
     # replication
-    ConfigDef("min.insync.replicas", int, 1, "ISR size needed for acks=all", "min.insync.replicas", 1,
-              max_value=INT32_MAX),
+    ConfigDef("min.insync.replicas", int, 1, "ISR size needed for acks=all, for topics without their own",
+              "min.insync.replicas", 1, max_value=INT32_MAX),
+    # the topic-level override only: the controller elects leaders, so the cluster's default is the controller's
+    # setting (see BROKER_REFUSED)
     ConfigDef("unclean.leader.election.enable", bool, False, "elect an out-of-sync replica if no ISR is live",
               "unclean.leader.election.enable"),
     ConfigDef("replica.lag.time.max.ms", int, 30_000, "follower not caught up this long leaves the ISR",
@@ -77,7 +81,10 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _defs(
     ConfigDef("replica.high.watermark.checkpoint.interval.ms", int, 5_000, "HW checkpoint interval",
               None, 1),
     ConfigDef("num.replica.fetchers", int, 1, "fetcher tasks per source broker", None, 1, max_value=INT32_MAX),
-    ConfigDef("replica.fetch.wait.max.ms", int, 500, "follower fetch long-poll wait", None, 0, max_value=INT32_MAX),
+    # at most what a leader accepts as a fetch's max_wait_ms: above it every follower fetch was refused (HTTP 400)
+    # and the followers copied nothing while staying in the ISR
+    ConfigDef("replica.fetch.wait.max.ms", int, 500, "follower fetch long-poll wait", None, 0,
+              max_value=MAX_FETCH_WAIT_MS),
     ConfigDef("replica.fetch.min.bytes", int, 1,
               "follower fetch waits at the leader for this many bytes (at most replica.fetch.wait.max.ms): "
               "fewer, larger fetches for throughput, slower acks=all under light load", None, 1, max_value=INT32_MAX),
@@ -88,7 +95,8 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _defs(
     ConfigDef("replica.fetch.backoff.ms", int, 1_000, "park a failing partition this long", None, 0,
               max_value=INT32_MAX),
     ConfigDef("replica.socket.timeout.ms", int, 30_000, "follower request timeout", None, 1, max_value=INT32_MAX),
-    ConfigDef("request.timeout.ms", int, 30_000, "upper bound on a delayed produce", None, 1, max_value=INT32_MAX),
+    ConfigDef("request.timeout.ms", int, 30_000, "how long an AlterPartition to the controller is retried", None, 1,
+              max_value=INT32_MAX),
     ConfigDef("connections.max.idle.ms", int, 600_000, IDLE_DOC, None, 1),
     # controller link
     ConfigDef("broker.heartbeat.interval.ms", int, 2_000, "broker -> controller heartbeat interval", None, 1,
@@ -100,8 +108,6 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _defs(
 )
 
 CONTROLLER_CONFIGS: dict[str, ConfigDef] = _defs(
-    ConfigDef("broker.heartbeat.interval.ms", int, 2_000, "heartbeat interval told to brokers", None, 1,
-              max_value=INT32_MAX),
     ConfigDef("broker.session.timeout.ms", int, 9_000, "broker fenced after this silence", None, 1,
               max_value=INT32_MAX),
     ConfigDef("auto.leader.rebalance.enable", bool, True, "move leadership back to preferred replicas"),
@@ -112,12 +118,22 @@ CONTROLLER_CONFIGS: dict[str, ConfigDef] = _defs(
               max_value=INT32_MAX),
     ConfigDef("num.partitions", int, 1, "partitions when none are given", None, 1, max_value=INT32_MAX),
     ConfigDef("metadata.snapshot.interval.records", int, 1_000, "journal records between snapshots", None, 1),
-    ConfigDef("min.insync.replicas", int, 1, "default for new topics", None, 1, max_value=INT32_MAX),
-    ConfigDef("unclean.leader.election.enable", bool, False, "default for new topics"),
+    ConfigDef("unclean.leader.election.enable", bool, False,
+              "elect an out-of-sync replica if no ISR is live, for topics without their own"),
     ConfigDef("connections.max.idle.ms", int, 600_000, IDLE_DOC, None, 1),
 )
 
 TOPIC_CONFIGS: dict[str, ConfigDef] = {d.topic_name: d for d in BROKER_CONFIGS.values() if d.topic_name}
+
+# Keys one process refuses because the other one reads them. A setting that is accepted and never read looks
+# applied and is not: the brokers' min.insync.replicas was once also a controller setting copied into every
+# new topic, so `--set min.insync.replicas=2` on the brokers changed nothing.
+BROKER_REFUSED = {"unclean.leader.election.enable": "a controller setting (it elects leaders; per topic: "
+                                                    "--config unclean.leader.election.enable)"}
+CONTROLLER_REFUSED = {
+    "min.insync.replicas": "a broker setting (the leader applies it; per topic: --config min.insync.replicas)",
+    "broker.heartbeat.interval.ms": "a broker setting (each broker sends its heartbeats at its own interval)",
+}
 
 
 class ConfigError(ValueError):
@@ -143,20 +159,26 @@ def parse_value(d: ConfigDef, raw: Any, key: str | None = None) -> Any:
     if d.type is bool:
         return parse_bool(key, raw)
     if d.type is int:
-        value = _parse_int(key, raw)
+        value = parse_int(key, raw)
         low = -INT64_MAX - 1 if d.min_value is None else d.min_value
+        given = _as_typed(raw) if isinstance(raw, str) else value  # parse_int clamps a huge number
         if value < low:
-            raise ConfigError(f"{key}: must be >= {low}, got {value}")
+            raise ConfigError(f"{key}: must be >= {low}, got {given}")
         if value > d.max_value:
-            raise ConfigError(f"{key}: must be at most {d.max_value}, got {value}")
+            raise ConfigError(f"{key}: must be at most {d.max_value}, got {given}")
         return value
     return str(raw)
 
 
-def _parse_int(key: str, raw: object) -> int:
+def _as_typed(raw: str) -> str:
+    text = raw.strip()
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+
+
+def parse_int(key: str, raw: object) -> int:
     """An integer as Java's ``Long.parseLong`` reads one: an int, or a string of an optional sign and ASCII
     digits (surrounding blanks ignored). Not ``int()``'s wider grammar: ``"9_000"``, fullwidth digits, or a float
-    such as ``1e3``."""
+    such as ``1e3``. A number of over 20 digits comes back as 20 nines (beyond every range)."""
     if type(raw) is int:
         return raw
     text = raw.strip() if isinstance(raw, str) else ""
@@ -183,12 +205,16 @@ def parse_assignments(items: Iterable[str]) -> dict[str, str]:
 class Config:
     """A resolved set of values: defaults overridden by explicit settings."""
 
-    def __init__(self, defs: Mapping[str, ConfigDef], overrides: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, defs: Mapping[str, ConfigDef], overrides: Mapping[str, Any] | None = None,
+                 refused: Mapping[str, str] | None = None) -> None:
         self._defs = defs
         self._values: dict[str, Any] = {k: d.default for k, d in defs.items()}
         for key, raw in (overrides or {}).items():
+            if refused and key in refused:
+                raise ConfigError(f"{key} is {refused[key]}, not set here")
             if key not in defs:
-                raise ConfigError(f"unknown config {key!r} (known: {', '.join(sorted(defs))})")
+                known = ", ".join(sorted(set(defs) - set(refused or ())))
+                raise ConfigError(f"unknown config {key!r} (known: {known})")
             self._values[key] = parse_value(defs[key], raw)
 
     def __getitem__(self, key: str) -> Any:
@@ -219,7 +245,11 @@ class Config:
 
 
 def broker_config(overrides: Mapping[str, Any] | None = None) -> Config:
-    cfg = Config(BROKER_CONFIGS, overrides)
+    cfg = Config(BROKER_CONFIGS, overrides, BROKER_REFUSED)
+    # Kafka's KafkaConfig.validateValues: the broker-wide retention is unlimited or at least 1 ms (a topic's
+    # retention.ms may be 0)
+    if cfg.get_int("log.retention.ms") == 0:
+        raise ConfigError("log.retention.ms must be unlimited (-1) or at least 1, got 0")
     # Kafka's KafkaConfig.validateValues: a follower's fetch parked at the leader longer than the lag time
     # would drop it from the ISR while it is waiting, and one longer than the socket timeout would time out
     _require_at_most(cfg, "replica.fetch.wait.max.ms", "replica.lag.time.max.ms")
@@ -229,7 +259,7 @@ def broker_config(overrides: Mapping[str, Any] | None = None) -> Config:
 
 
 def controller_config(overrides: Mapping[str, Any] | None = None) -> Config:
-    return Config(CONTROLLER_CONFIGS, overrides)
+    return Config(CONTROLLER_CONFIGS, overrides, CONTROLLER_REFUSED)
 
 
 def _require_at_most(cfg: Config, small: str, large: str) -> None:

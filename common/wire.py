@@ -16,6 +16,7 @@ import msgpack
 CONTENT_TYPE = "application/x-msgpack"
 MAX_INT64 = 2**63 - 1
 MAX_INT32 = 2**31 - 1
+MAX_FETCH_WAIT_MS = 5 * 60 * 1000  # a broker refuses a fetch whose max_wait_ms is above it (HTTP 400)
 
 
 class TopicPartition(NamedTuple):

@@ -111,10 +111,6 @@ class Controller:
         return self.config.get_int("broker.session.timeout.ms")
 
     @property
-    def heartbeat_interval_ms(self) -> int:
-        return self.config.get_int("broker.heartbeat.interval.ms")
-
-    @property
     def unclean_default(self) -> bool:
         return self.config.get_bool("unclean.leader.election.enable")
 
@@ -325,8 +321,8 @@ class Controller:
         return self._hb(ErrorCode.NONE, fenced=True, shutdown=True)
 
     def _hb(self, error: ErrorCode, *, fenced: bool, shutdown: bool) -> dict[str, Any]:
-        return {"error": int(error), "is_fenced": fenced, "should_shutdown": shutdown,
-                "heartbeat_interval_ms": self.heartbeat_interval_ms}
+        # no heartbeat interval: each broker keeps its own broker.heartbeat.interval.ms (KRaft's answer has none)
+        return {"error": int(error), "is_fenced": fenced, "should_shutdown": shutdown}
 
     async def controlled_shutdown(self, node_id: int, broker_epoch: int) -> tuple[ErrorCode, list[TopicPartition]]:
         async with self._lock:
@@ -443,8 +439,6 @@ class Controller:
                 self.image, topics, live,
                 default_partitions=self.config.get_int("num.partitions"),
                 default_rf=self.config.get_int("default.replication.factor"),
-                default_min_isr=self.config.get_int("min.insync.replicas"),
-                default_unclean=self.unclean_default,
                 start_index=self.rng.randrange(n), replica_shift=self.rng.randrange(n))
             await self._commit(plan)
         for r in results:

@@ -217,8 +217,8 @@ class NewTopic:
 
 
 def create_topics(image: MetadataImage, topics: Sequence[NewTopic], live: Sequence[int], *,
-                  default_partitions: int, default_rf: int, default_min_isr: int, default_unclean: bool,
-                  start_index: int, replica_shift: int) -> tuple[Plan, list[TopicResult]]:
+                  default_partitions: int, default_rf: int, start_index: int,
+                  replica_shift: int) -> tuple[Plan, list[TopicResult]]:
     plan = Plan()
     results: list[TopicResult] = []
     seen: set[str] = set()
@@ -242,8 +242,9 @@ def create_topics(image: MetadataImage, topics: Sequence[NewTopic], live: Sequen
         except ConfigError as exc:
             results.append(TopicResult(t.name, ErrorCode.INVALID_CONFIG, str(exc)))
             continue
-        configs.setdefault("min.insync.replicas", default_min_isr)
-        configs.setdefault("unclean.leader.election.enable", default_unclean)
+        # only what was asked for, as Kafka keeps a topic's overrides: the brokers' min.insync.replicas and the
+        # controller's unclean.leader.election.enable apply to the rest, also when changed later (copied in
+        # here, the brokers' setting never took effect)
         n = t.num_partitions if t.num_partitions not in (None, -1) else default_partitions
         rf = t.replication_factor if t.replication_factor not in (None, -1) else default_rf
         seen.add(t.name)

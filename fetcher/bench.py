@@ -111,7 +111,7 @@ class StubController:
             self.next_epoch += 1
             return {"error": 0, "broker_epoch": self.next_epoch}
         if api == "broker_heartbeat":
-            return {"error": 0, "is_fenced": False, "should_shutdown": False, "heartbeat_interval_ms": 2000}
+            return {"error": 0, "is_fenced": False, "should_shutdown": False}
         if api == "controlled_shutdown":
             return {"error": 0, "remaining_partitions": []}
         topics = []

@@ -121,9 +121,8 @@ class FakeController:
         self.heartbeats.append(body)
         b = self.brokers.get(body["node_id"])
         if b is None or b.broker_epoch != body["broker_epoch"]:
-            return {"error": int(ErrorCode.STALE_BROKER_EPOCH), "is_fenced": True, "should_shutdown": False,
-                    "heartbeat_interval_ms": 2000}
-        return {"error": 0, "is_fenced": False, "should_shutdown": False, "heartbeat_interval_ms": 2000}
+            return {"error": int(ErrorCode.STALE_BROKER_EPOCH), "is_fenced": True, "should_shutdown": False}
+        return {"error": 0, "is_fenced": False, "should_shutdown": False}
 
     async def _allocate_producer_ids(self, body: dict[str, Any]) -> dict[str, Any]:
         self.producer_id_requests.append(body)

@@ -39,7 +39,7 @@ STOP_TIMEOUT_S = 20.0
 # waits and timeouts, a bounded controlled shutdown.
 SESSION_MS = 2000
 HEARTBEAT_MS = 300
-CONTROLLER_SETS = {"broker.session.timeout.ms": SESSION_MS, "broker.heartbeat.interval.ms": HEARTBEAT_MS,
+CONTROLLER_SETS = {"broker.session.timeout.ms": SESSION_MS,
                    "auto.leader.rebalance.enable": False}
 BROKER_SETS = {"broker.heartbeat.interval.ms": HEARTBEAT_MS, "broker.session.timeout.ms": SESSION_MS,
                "replica.fetch.wait.max.ms": 200, "request.timeout.ms": 5000, "replica.fetch.backoff.ms": 200,

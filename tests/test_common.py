@@ -39,6 +39,44 @@ def test_config_defaults_overrides_and_errors() -> None:
         parse_assignments(["novalue"])
 
 
+def test_each_setting_is_taken_by_the_process_that_reads_it() -> None:
+    # a key accepted by a process that never reads it looks applied and is not: refused with where it belongs
+    with pytest.raises(ConfigError, match=r"unclean.leader.election.enable is a controller setting .*not set here"):
+        broker_config({"unclean.leader.election.enable": "true"})
+    with pytest.raises(ConfigError, match=r"min.insync.replicas is a broker setting .*not set here"):
+        controller_config({"min.insync.replicas": "2"})
+    with pytest.raises(ConfigError, match=r"broker.heartbeat.interval.ms is a broker setting"):
+        controller_config({"broker.heartbeat.interval.ms": "500"})
+    assert controller_config({"unclean.leader.election.enable": "true"})["unclean.leader.election.enable"] is True
+    with pytest.raises(ConfigError, match="unknown config") as info:
+        broker_config({"no.such.key": "1"})
+    assert "unclean" not in str(info.value)  # not listed as known to the broker
+
+
+def test_a_fetch_wait_the_leaders_refuse_is_refused_at_start() -> None:
+    # above 5 minutes every follower fetch was answered HTTP 400 and the followers copied nothing, in the ISR
+    assert broker_config({"replica.fetch.wait.max.ms": "300000", "replica.lag.time.max.ms": "300000",
+                          "replica.socket.timeout.ms": "300000"})["replica.fetch.wait.max.ms"] == 300_000
+    with pytest.raises(ConfigError, match=r"replica\.fetch\.wait\.max\.ms: must be at most 300000, got 300001"):
+        broker_config({"replica.fetch.wait.max.ms": "300001", "replica.lag.time.max.ms": "500000",
+                       "replica.socket.timeout.ms": "500000"})
+
+
+def test_broker_retention_ms_is_unlimited_or_positive() -> None:
+    # Kafka's KafkaConfig.validateValues: 0 only per topic
+    with pytest.raises(ConfigError, match=r"log.retention.ms must be unlimited \(-1\) or at least 1, got 0"):
+        broker_config({"log.retention.ms": "0"})
+    assert broker_config({"log.retention.ms": "-1"})["log.retention.ms"] == -1
+    assert validate_topic_configs({"retention.ms": "0"}) == {"retention.ms": 0}
+
+
+def test_a_number_out_of_range_is_quoted_as_typed() -> None:
+    with pytest.raises(ConfigError, match=r"must be at most 2147483647, got 1180591620717411303424$"):
+        broker_config({"log.segment.bytes": "1180591620717411303424"})
+    with pytest.raises(ConfigError, match=r"got 99999999999999999999\.\.\. \(5000 characters\)$"):
+        validate_topic_configs({"segment.bytes": "9" * 5000})
+
+
 @pytest.mark.parametrize("raw", ["yes", "no", "1", "0", "on", "", "truee", 1])
 def test_booleans_are_true_or_false_as_the_error_says(raw: object) -> None:
     # "yes" and "1" were accepted for topic configs while the error said "expected true or false", and the

@@ -104,6 +104,17 @@ async def test_min_isr_refusal_appends_nothing(start_broker: StartBroker, contro
     assert r["error"] == 0
 
 
+async def test_the_brokers_min_isr_applies_to_a_topic_without_its_own(start_broker: StartBroker,
+                                                                     controller: FakeController,
+                                                                     rpc: RpcClient) -> None:
+    # Kafka's broker-wide min.insync.replicas is every topic's default (the controller once copied its own
+    # default, 1, into each new topic, and the brokers' setting changed nothing)
+    b = await start_broker(sets={"min.insync.replicas": 2})
+    await controller.elect(TP, leader=1, replicas=[1, FOLLOWER], isr=[1])
+    r = part(await rpc.call(b.address, "produce", produce_body(batch(), acks=-1)))
+    assert r["error"] == ErrorCode.NOT_ENOUGH_REPLICAS
+
+
 async def test_delayed_produce_fails_when_leader_epoch_changes(start_broker: StartBroker,
                                                                controller: FakeController, rpc: RpcClient) -> None:
     b = await start_broker()

@@ -104,6 +104,11 @@ def test_usage_errors_are_one_readable_line(argv: list[str], message: str, capsy
      "--config: unclean.leader.election.enable: expected true or false, got '1'"),
     (["produce", "t", "--bootstrap", "127.0.0.1:1", "--producer-property", "enable.idempotence=yes"],
      "--producer-property enable.idempotence: expected true or false, got 'yes'"),
+    # integers as Kafka reads them, as for --set and --config (int() took "1_000" and fullwidth digits)
+    (["produce", "t", "--bootstrap", "127.0.0.1:1", "--producer-property", "retries=1_000"],
+     "--producer-property retries: expected an integer, got '1_000'"),
+    (["produce", "t", "--bootstrap", "127.0.0.1:1", "--producer-property", "retries=\uff13"],
+     "--producer-property retries: expected an integer, got '\uff13'"),
 ])
 def test_bad_values_are_reported_without_contacting_anything(argv: list[str], message: str,
                                                              capsys: pytest.CaptureFixture[str]) -> None:

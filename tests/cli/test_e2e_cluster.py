@@ -32,9 +32,8 @@ pytestmark = pytest.mark.skipif(
 async def cluster_dir(tmp_path: Path) -> AsyncIterator[tuple[Path, int]]:
     data_dir = tmp_path / "cluster"
     base = free_base_port()
-    fast_failover = ["broker.session.timeout.ms=3000", "broker.heartbeat.interval.ms=500"]
-    settings = [arg for s in fast_failover for arg in ("--set", s)]
-    settings += [arg for s in fast_failover for arg in ("--controller-set", s)]
+    settings = ["--set", "broker.session.timeout.ms=3000", "--set", "broker.heartbeat.interval.ms=500",
+                "--controller-set", "broker.session.timeout.ms=3000"]
     status, _, err = await run("cluster", "up", "--detach", "--data-dir", str(data_dir), "--base-port", str(base),
                                "--brokers", "3", "--timeout", "90", *settings, timeout_s=120)
     try:

@@ -116,6 +116,23 @@ async def test_seek_poll_and_config_refuse_bad_values(fake: FakeCluster) -> None
         Consumer(fake.bootstrap, "x")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(("setting", "value", "message"), [
+    ("fetch_min_bytes", 2**31, r"fetch\.min\.bytes must be >= 1 and <= 2147483647, got 2147483648"),
+    ("fetch_max_bytes", 2**40, r"fetch\.max\.bytes must be >= 1 and <= 2147483647"),
+    ("max_partition_fetch_bytes", 0, r"max\.partition\.fetch\.bytes must be >= 1"),
+    ("fetch_max_wait_ms", 300_001, r"fetch\.max\.wait\.ms must be >= 0 and <= 300000, got 300001"),
+    ("request_timeout_ms", 2**31, r"request\.timeout\.ms must be >= 1 and <= 2147483647"),
+    ("retry_backoff_ms", -1, r"retry\.backoff\.ms must be >= 0"),
+])
+def test_consumer_settings_have_kafkas_ranges_and_the_brokers_fetch_wait(setting: str, value: int,
+                                                                        message: str) -> None:
+    # refused when the consumer is made, as Kafka's INT settings; they were taken, and every poll then failed
+    # with INVALID_REQUEST (a fetch the broker refuses)
+    with pytest.raises(ValueError, match=message):
+        ConsumerConfig(**{setting: value})
+    assert ConsumerConfig(fetch_max_wait_ms=300_000, fetch_min_bytes=2**31 - 1).fetch_max_wait_ms == 300_000
+
+
 # -- 5: admin -------------------------------------------------------------------------------------
 
 async def test_admin_refuses_bad_arguments_at_the_call() -> None:

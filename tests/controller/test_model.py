@@ -31,9 +31,10 @@ class Model:
         for b in BROKERS:
             self.commit([RegisterBrokerRecord(b, "h", 9000 + b, "i", b)])
         self.image.topics["t"] = {"unclean.leader.election.enable": unclean}
-        plan, results = ops.create_topics(self.image, [ops.NewTopic("t2", 6, 3, {})], list(BROKERS),
-                                          default_partitions=1, default_rf=1, default_min_isr=1,
-                                          default_unclean=unclean, start_index=1, replica_shift=2)
+        plan, results = ops.create_topics(self.image, [ops.NewTopic("t2", 6, 3, {"unclean.leader.election.enable":
+                                                                                  unclean})],
+                                          list(BROKERS), default_partitions=1, default_rf=1, start_index=1,
+                                          replica_shift=2)
         assert results[0].error is ErrorCode.NONE
         self.commit(plan.records)
 

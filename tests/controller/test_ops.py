@@ -115,7 +115,7 @@ def test_a_topic_name_colliding_in_metric_names_is_refused() -> None:
     topics = [ops.NewTopic("my_topic", 1, 1, {}), ops.NewTopic("a_b", 1, 1, {}), ops.NewTopic("a.b", 1, 1, {}),
               ops.NewTopic("my-topic", 1, 1, {})]
     plan, results = ops.create_topics(image, topics, [1, 2, 3], default_partitions=1, default_rf=1,
-                                      default_min_isr=1, default_unclean=False, start_index=0, replica_shift=0)
+                                      start_index=0, replica_shift=0)
     assert [r.error for r in results] == [ErrorCode.INVALID_TOPIC_EXCEPTION, ErrorCode.NONE,
                                           ErrorCode.INVALID_TOPIC_EXCEPTION, ErrorCode.NONE]
     assert "collides with existing topic 'my.topic'" in results[0].message
@@ -140,7 +140,7 @@ def test_create_topics_validates_each_topic() -> None:
               ops.NewTopic("zero", 0, 1, {}), ops.NewTopic("cfg", 1, 1, {"nope": 1}),
               ops.NewTopic("new", 1, 1, {}), ops.NewTopic("cfg2", 1, 1, {"min.insync.replicas": "x"})]
     plan, results = ops.create_topics(image, topics, [1, 2, 3], default_partitions=1, default_rf=1,
-                                      default_min_isr=1, default_unclean=False, start_index=0, replica_shift=0)
+                                      start_index=0, replica_shift=0)
     assert [r.error for r in results] == [
         ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS, ErrorCode.INVALID_TOPIC_EXCEPTION,
         ErrorCode.INVALID_REPLICATION_FACTOR, ErrorCode.INVALID_PARTITIONS, ErrorCode.INVALID_CONFIG,
