@@ -410,6 +410,7 @@ class ReplicaManager:
         if p is not None:
             self._restored_hws[sp.tp] = p.state.high_watermark
             del self.partitions[sp.tp]
+            self._isr_backoff_until.pop(sp.tp, None)  # one entry per partition ever refused, deleted topics too
             log.info("replica_stopped", broker_id=self.broker_id, topic=sp.tp.topic, partition=sp.tp.partition,
                      leader_epoch=p.state.leader_epoch, delete=sp.delete, high_watermark=p.state.high_watermark)
         self.produce_purgatory.check_and_complete(sp.tp)

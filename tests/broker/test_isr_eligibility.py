@@ -181,3 +181,25 @@ async def test_an_update_metadata_waits_for_the_leader_and_isr_in_progress(tmp_p
     finally:
         await rm.shutdown()
         await lm.close()
+
+
+async def test_a_stopped_replica_leaves_no_isr_backoff_behind(tmp_path: Path) -> None:
+    # the backoff after a refused ISR change was kept for every partition ever refused, deleted ones too
+    # (found by a leak review: topic churn grew it by one entry per refused partition)
+    ctl = RulesController(isr=(1, 3), live={1, 3})
+    rm, lm = await leader(tmp_path, ctl)
+    try:
+        await rm.leader_and_isr(lai(1, [1, 3]))
+        await rm.update_metadata(um([1, 2, 3]))  # the controller has fenced 2 since; this broker has not heard
+        assert (await rm.produce(produce(acks=1)))[TP]["error"] == 0
+        await rm.fetch(follower_fetch(2, 3))  # asked for, refused, backed off
+        await asyncio.sleep(0.05)
+        assert ctl.calls[-1] == (1, (1, 3, 2), "INELIGIBLE_REPLICA"), ctl.calls
+        assert TP in rm._isr_backoff_until
+        header = rq.ControlHeader(controller_id=100, controller_epoch=1, broker_epoch=-1)
+        result = await rm.stop_replica(header, [rq.StopReplicaPartition(TP, -2, delete=True)])
+        assert result["partitions"][0]["error"] == 0, result
+        assert TP not in rm._isr_backoff_until and TP not in rm.partitions
+    finally:
+        await rm.shutdown()
+        await lm.close()
