@@ -302,7 +302,7 @@ class _Pool:
     async def acquire(self, deadline: float) -> _Connection:
         while self.idle:  # most recently used first: the least likely to have been closed by the server
             conn = self.idle.pop()
-            if conn.still_open() and time.monotonic() - conn.idle_since < self.max_idle_s:
+            if self._reusable(conn, time.monotonic()):
                 return conn
             conn.abort()
             self.size -= 1  # closed (or idle too long) before any request was written on it
@@ -372,6 +372,22 @@ class _Pool:
             return conn
         raise error
 
+    def _reusable(self, conn: _Connection, now: float) -> bool:
+        return conn.still_open() and now - conn.idle_since < self.max_idle_s
+
+    def drop_idle(self, now: float) -> bool:
+        """Close the idle connections ``acquire`` would not reuse; True if none is left idle."""
+        keep = []
+        for conn in self.idle:
+            if self._reusable(conn, now):
+                keep.append(conn)
+            else:
+                conn.abort()
+                self.size -= 1
+                self.conns.discard(conn)
+        self.idle = keep
+        return not keep
+
     def release(self, conn: _Connection | None, *, reuse: bool) -> None:
         """Give back ``conn`` after a call; ``reuse`` only when its response was read in full."""
         if conn is not None and reuse and conn.usable() and not self.closed:
@@ -432,8 +448,18 @@ class RpcClient:
     def _pool(self, address: str) -> _Pool:
         pool = self._pools.get(address)
         if pool is None:
+            self._sweep()
             pool = self._pools[address] = _Pool(address, self._limit_per_host, self._max_idle_s)
         return pool
+
+    def _sweep(self) -> None:
+        """When a new address is first used: close the idle connections that are closed or idle too long, and
+        forget the pools left with none. The pools of addresses no longer used (a broker gone, its port now
+        another's) kept a socket each, closed by the server after its idle time and never by us."""
+        now = time.monotonic()
+        for address, pool in list(self._pools.items()):
+            if pool.drop_idle(now) and not pool.size and not pool.waiters:
+                del self._pools[address]
 
     async def call(self, address: str, api: str, body: dict[str, Any], *,
                    timeout_s: float | None = None, max_response_bytes: int | None = None) -> dict[str, Any]:

@@ -489,3 +489,22 @@ async def test_a_connection_idle_for_max_idle_s_is_not_reused() -> None:
             assert rec.ports[0] == rec.ports[1] != rec.ports[2]
     finally:
         await client.close()
+
+
+async def test_an_address_no_longer_used_keeps_no_connection() -> None:
+    # its pool kept an idle socket for good (the server closed its end after its idle time; we never did): now
+    # it is closed, and the pool forgotten, when a new address is first used
+    rec = Recorder()
+    client = RpcClient(limit_per_host=1, timeout_s=10, max_idle_s=0.05)
+    try:
+        async with aiohttp_server(rec) as first, aiohttp_server(rec) as second:
+            await client.call(first, "echo", {"i": 1})
+            connection = next(iter(client._pools[first].conns))
+            await asyncio.sleep(0.1)
+            await client.call(second, "echo", {"i": 2})
+            assert first not in client._pools and second in client._pools
+            assert connection.transport is None or connection.transport.is_closing()
+            await client.call(first, "echo", {"i": 3})  # used again: a new pool, a new connection
+            assert rec.ports[0] != rec.ports[2]
+    finally:
+        await client.close()
