@@ -15,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -65,6 +65,26 @@ class Metrics:
                                             "control requests to a broker that failed (retried)", ["broker"],
                                             registry=self.registry)
 
+
+
+T = TypeVar("T")
+
+
+async def _to_its_end(fn: Callable[..., T], *args: Any) -> tuple[T, bool]:
+    """``fn(*args)`` in a worker thread, awaited to its end even if the caller is cancelled meanwhile; its
+    result and whether the caller was cancelled (for it to raise CancelledError once it has done what must
+    follow). A journal write cannot be stopped once started: a commit that gave up on it left the journal
+    ahead of the image (the records written, never applied) and released the lock, so the next commit could
+    write beside it and the journal be closed under it (Controller.close cancels the liveness task's fences)."""
+    work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    cancelled = False
+    while True:
+        try:
+            return await asyncio.shield(work), cancelled
+        except asyncio.CancelledError:
+            cancelled = True
+            if work.done():  # it ended as the caller was cancelled: its outcome stands
+                return work.result(), cancelled
 
 class Controller:
     def __init__(self, data_dir: Path, config: Config, clock: Clock, *, rng: random.Random | None = None,
@@ -162,7 +182,7 @@ class Controller:
         old_image_topics = set(self.image.topics)
         old_partitions = dict(self.image.partitions)
         try:
-            await asyncio.to_thread(journal.append, plan.records)
+            _, cancelled = await _to_its_end(journal.append, plan.records)
         except JournalBrokenError:
             log.critical("journal_failed", journal_offset=journal.offset, error=journal.broken)
             self.fatal.set()  # the process exits; a restart replays what was acknowledged
@@ -173,12 +193,14 @@ class Controller:
         self._log_changes(plan)
         self._update_gauges()
         self._propagate(plan, old_image_topics, old_partitions)
+        if cancelled:  # at shutdown: committed and applied, the snapshot left for the next start
+            raise asyncio.CancelledError
         interval = self.config.get_int("metadata.snapshot.interval.records")
         if journal.records_since_snapshot >= interval:
             # The plan is committed (fsynced, applied, propagated): its caller gets its answer whatever
             # becomes of the snapshot, which is housekeeping.
             try:
-                failed = await asyncio.to_thread(journal.snapshot, self.image)
+                failed, cancelled = await _to_its_end(journal.snapshot, self.image)
             except JournalBrokenError:
                 log.critical("journal_failed", journal_offset=journal.offset, error=journal.broken)
                 self.fatal.set()  # the process exits; a restart replays the snapshot and the journal
@@ -187,6 +209,8 @@ class Controller:
                 log.info("metadata_snapshot_written", journal_offset=journal.offset)
             else:
                 log.warning("metadata_snapshot_failed", journal_offset=journal.offset, error=failed)
+            if cancelled:
+                raise asyncio.CancelledError
 
     def _log_changes(self, plan: ops.Plan) -> None:
         for c in plan.changes:

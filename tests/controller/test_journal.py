@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -420,6 +422,36 @@ async def test_the_controller_answers_a_committed_change_and_exits_when_its_snap
     finally:
         await c.close()
     (tmp_path / (JOURNAL_NAME + ".tmp")).rmdir()
+    journal, image = Journal.open(tmp_path)
+    journal.close()
+    assert 1 in image.brokers
+
+
+async def test_a_commit_cancelled_during_its_journal_write_is_applied_before_it_gives_up(tmp_path: Path) -> None:
+    """A commit cancelled while its records are being written (Controller.close cancels the liveness task's
+    fences) gave up at once: the records were journalled but never applied, and the lock was free for the
+    next commit to write beside the first. It now waits for the write, applies it, then raises."""
+    from common.clock import ManualClock
+    from common.config import controller_config
+    from controller.controller import Controller
+
+    class NoBrokers:
+        async def call(self, address: str, api: str, body: dict[str, object], *,
+                       timeout_s: float | None = None) -> dict[str, object]:
+            return {"error": 0, "partitions": []}
+
+    c = Controller(tmp_path, controller_config(), ManualClock(), transport=NoBrokers(), stall_guard=False)
+    await c.start()
+    try:
+        registering = asyncio.ensure_future(c.register_broker(1, "127.0.0.1", 9001, "a"))
+        for _ in range(3):  # to the journal write's thread
+            await asyncio.sleep(0)
+        registering.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await registering
+        assert 1 in c.image.brokers  # what the journal holds, the image holds
+    finally:
+        await c.close()
     journal, image = Journal.open(tmp_path)
     journal.close()
     assert 1 in image.brokers
