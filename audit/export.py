@@ -91,6 +91,7 @@ from storage.record_batch import (
     check_frame,
     decode_records,
     parse_header,
+    record_timestamp,
 )
 
 log = get_logger(__name__)
@@ -298,14 +299,15 @@ def _record_rows(broker: int, tp: TopicPartition, segment: str, pos: int, h: Bat
                                            "go beyond int64")
     rows = []
     for r in decode_records(buf, pos):
-        if not INT64_MIN <= h.first_timestamp + r.timestamp_delta <= INT64_MAX:
+        timestamp = record_timestamp(h, r)
+        if not INT64_MIN <= timestamp <= INT64_MAX:
             raise _OutOfRange("bad_records", f"batch at {pos}: record {r.offset_delta} has a timestamp "
                                              "beyond int64")
         rows.append({"broker": broker, "topic": tp.topic, "partition": tp.partition,
                      "offset": h.base_offset + r.offset_delta, "leader_epoch": h.partition_leader_epoch,
                      "batch_base_offset": h.base_offset, "batch_last_offset": h.last_offset,
                      "batch_crc": h.crc, "key": r.key, "value": r.value,
-                     "timestamp": h.first_timestamp + r.timestamp_delta, "producer_id": h.producer_id,
+                     "timestamp": timestamp, "producer_id": h.producer_id,
                      "producer_epoch": h.producer_epoch,
                      # a batch's sequences wrap from 2**31-1 to 0, as its producer's do (Kafka's
                      # DefaultRecordBatch.incrementSequence)

@@ -46,6 +46,11 @@ class Partition:
         return self.config.get_int("message.max.bytes")
 
     @property
+    def log_append_time(self) -> bool:
+        """``message.timestamp.type`` is LogAppendTime: the leader stamps its time on each batch."""
+        return self.config.get_str("log.message.timestamp.type") == "LogAppendTime"
+
+    @property
     def timestamp_bounds_ms(self) -> tuple[int, int]:
         """How far behind and ahead of the broker's time a batch's timestamps may be."""
         return (self.config.get_int("log.message.timestamp.before.max.ms"),

@@ -40,7 +40,7 @@ from common.logging import get_logger
 from common.wire import TopicPartition
 from fetcher.api import BrokerEndpoint, InitialFetchState
 from storage.producer_state import ProducerStateError
-from storage.record_batch import BatchHeader, InvalidBatchError, check_frame
+from storage.record_batch import BatchHeader, InvalidBatchError, check_frame, set_timestamp_type
 
 if TYPE_CHECKING:
     from storage.log import Log
@@ -607,9 +607,18 @@ class ReplicaManager:
             return _produce_result(tp, exc.code, str(exc))
         if not headers:
             return _produce_result(tp, ErrorCode.INVALID_RECORD, "no record batch in records")
-        stale = check_timestamps(headers, self.clock.now_ms(), *p.timestamp_bounds_ms)
-        if stale is not None:
-            return _produce_result(tp, ErrorCode.INVALID_TIMESTAMP, stale)
+        append_time = -1
+        if p.log_append_time:  # Kafka's LogValidator: the leader's time replaces the producer's, unchecked
+            append_time = self.clock.now_ms()
+            records = set_timestamp_type(records, headers, append_time)
+        else:
+            stale = check_timestamps(headers, self.clock.now_ms(), *p.timestamp_bounds_ms)
+            if stale is not None:
+                return _produce_result(tp, ErrorCode.INVALID_TIMESTAMP, stale)
+            for h in headers:
+                if h.attributes:  # the LogAppendTime bit (check_batches refused any other): CreateTime here
+                    records = set_timestamp_type(records, headers, None)
+                    break
         if acks == -1 and len(p.state.isr) < p.min_insync_replicas:
             return _produce_result(tp, ErrorCode.NOT_ENOUGH_REPLICAS,
                                    f"ISR {list(p.state.isr)} < min.insync.replicas {p.min_insync_replicas}")
@@ -636,7 +645,7 @@ class ReplicaManager:
             if acks == -1:
                 waits[tp] = ProduceWait(p.state.leader_epoch, info.last_offset + 1)
             return {"partition": tp.partition, "error": 0, "base_offset": info.first_offset,
-                    "log_start_offset": p.log_start_offset}
+                    "log_start_offset": p.log_start_offset, "log_append_time_ms": -1}
         metrics = self.metrics
         metrics.bytes_in += len(records)
         metrics.messages_in += info.num_records
@@ -645,7 +654,7 @@ class ReplicaManager:
         if not self._maybe_advance_hw(p):  # (a moved HW has woken the delayed fetches already)
             self.fetch_purgatory.check_and_complete(tp)  # followers long-polling for new data
         return {"partition": tp.partition, "error": 0, "base_offset": info.first_offset,
-                "log_start_offset": p.log_start_offset}
+                "log_start_offset": p.log_start_offset, "log_append_time_ms": append_time}
 
     def _unknown_or_not_leader(self, tp: TopicPartition) -> ErrorCode:
         return ErrorCode.NOT_LEADER_OR_FOLLOWER if tp in self.metadata.partitions \
@@ -975,7 +984,8 @@ def _resolve(fut: asyncio.Future[Any], value: Any) -> None:
 
 
 def _produce_result(tp: TopicPartition, code: ErrorCode, message: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {"partition": tp.partition, "error": int(code), "base_offset": -1, "log_start_offset": -1}
+    out: dict[str, Any] = {"partition": tp.partition, "error": int(code), "base_offset": -1, "log_start_offset": -1,
+                           "log_append_time_ms": -1}
     if message:
         out["error_message"] = message
     return out

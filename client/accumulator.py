@@ -65,6 +65,7 @@ class ProducerBatch:
     base_sequence: int = -1
     solo: bool = False  # drained alone, never with other batches (see the module docstring)
     pieces: list[ProducerBatch] | None = None  # set by split: the batches now carrying its records, in order
+    log_append_time_ms: int = -1  # the leader's time of append, on a LogAppendTime topic (set at completion)
 
     def __len__(self) -> int:
         return len(self.records)

@@ -36,7 +36,7 @@ from common.errors import ErrorCode, MinibrokerError, error_for
 from common.http import RpcBadRequest, RpcClient, RpcError, fetch_response_limit
 from common.logging import get_logger
 from common.wire import MAX_FETCH_WAIT_MS, MAX_INT64, TopicPartition
-from storage.record_batch import InvalidBatchError, decode_records, iter_batches
+from storage.record_batch import TIMESTAMP_TYPE_BIT, InvalidBatchError, decode_records, iter_batches
 
 log = get_logger(__name__)
 
@@ -127,7 +127,9 @@ def decode_fetched(tp: TopicPartition, data: bytes, high_watermark: int,
     topic, partition = tp
     limit = high_watermark if high_watermark >= 0 else 2**63
     for pos, header in iter_batches(data):
-        base, first_ts, epoch = header.base_offset, header.first_timestamp, header.partition_leader_epoch
+        base, epoch, first_ts = header.base_offset, header.partition_leader_epoch, header.first_timestamp
+        # record_timestamp's rule, inlined (per record): LogAppendTime -> the batch's max timestamp for all
+        append_time = header.max_timestamp if header.attributes & TIMESTAMP_TYPE_BIT else None
         try:
             records = decode_records(data, pos)
         except InvalidBatchError as exc:
@@ -139,7 +141,8 @@ def decode_fetched(tp: TopicPartition, data: bytes, high_watermark: int,
             offset = base + r.offset_delta
             if offset >= limit:
                 break  # never hand out what is not committed (invariant 4), even if a broker sent it
-            out.append((epoch, ConsumerRecord(topic, partition, offset, first_ts + r.timestamp_delta, r.key, r.value,
+            timestamp = first_ts + r.timestamp_delta if append_time is None else append_time
+            out.append((epoch, ConsumerRecord(topic, partition, offset, timestamp, r.key, r.value,
                                               tuple(r.headers) if r.headers else ())))
     return out, next_offset, None
 

@@ -244,7 +244,9 @@ class DeliveryFuture:
         base: int = batch.completion.result()
         offset = -1 if base < 0 else base + index
         tp = batch.tp
-        return RecordMetadata(tp.topic, tp.partition, offset, batch.records[index][2])
+        # Kafka's RecordMetadata: the leader's log append time on a LogAppendTime topic, else the record's own
+        timestamp = batch.log_append_time_ms if batch.log_append_time_ms >= 0 else batch.records[index][2]
+        return RecordMetadata(tp.topic, tp.partition, offset, timestamp)
 
     def add_done_callback(self, fn: Callable[[DeliveryFuture], Any]) -> None:
         self._carrier()[0].completion.add_done_callback(lambda _f: fn(self))
@@ -829,17 +831,19 @@ class Producer:
                     self._retry_or_fail(batches, ErrorCode.UNKNOWN_SERVER_ERROR,
                                         f"a successful produce answer without a base_offset ({base_offset!r})")
                 elif code is ErrorCode.NONE:
-                    self._complete(batches, base_offset)
+                    append_time = p.get("log_append_time_ms")
+                    self._complete(batches, base_offset, append_time if type(append_time) is int else -1)
                 else:
                     self._retry_or_fail(batches, code, str(p.get("error_message") or ""))
         for tp, batches in drained.items():
             if tp not in answered:
                 self._retry_or_fail(batches, ErrorCode.UNKNOWN_SERVER_ERROR, "partition missing from response")
 
-    def _complete(self, batches: list[ProducerBatch], base_offset: int) -> None:
+    def _complete(self, batches: list[ProducerBatch], base_offset: int, log_append_time_ms: int = -1) -> None:
         offset = base_offset
         for b in batches:
             if not b.completion.done():
+                b.log_append_time_ms = log_append_time_ms
                 b.completion.set_result(offset if base_offset >= 0 else -1)
                 self._acc.release([b])
             offset += len(b)

@@ -30,6 +30,7 @@ class ConfigDef:
     topic_name: str | None = None  # the per-topic override, when Kafka allows one
     min_value: int | None = None
     max_value: int = INT64_MAX  # INT32_MAX where Kafka declares the config an INT
+    choices: tuple[str, ...] = ()  # a string setting's only values (exact case, as Kafka's ValidString)
 
 
 def _defs(*items: ConfigDef) -> dict[str, ConfigDef]:
@@ -69,6 +70,10 @@ BROKER_CONFIGS: dict[str, ConfigDef] = _defs(
     ConfigDef("log.message.timestamp.before.max.ms", int, INT64_MAX,
               "refuse a batch (INVALID_TIMESTAMP) with a timestamp more than this far behind the broker's time",
               "message.timestamp.before.max.ms", 0),
+    ConfigDef("log.message.timestamp.type", str, "CreateTime",
+              "CreateTime: records keep the producer's timestamps; LogAppendTime: the leader's time of append "
+              "replaces them (the two bounds above then do not apply)", "message.timestamp.type",
+              choices=("CreateTime", "LogAppendTime")),
     # replication
     ConfigDef("min.insync.replicas", int, 1, "ISR size needed for acks=all, for topics without their own",
               "min.insync.replicas", 1, max_value=INT32_MAX),
@@ -167,7 +172,10 @@ def parse_value(d: ConfigDef, raw: Any, key: str | None = None) -> Any:
         if value > d.max_value:
             raise ConfigError(f"{key}: must be at most {d.max_value}, got {given}")
         return value
-    return str(raw)
+    if not isinstance(raw, str) or (d.choices and raw.strip() not in d.choices):
+        raise ConfigError(f"{key}: expected one of {', '.join(d.choices)}, got {raw!r}" if d.choices
+                          else f"{key}: expected a string, got {raw!r}")
+    return raw.strip()
 
 
 def _as_typed(raw: str) -> str:
@@ -223,6 +231,11 @@ class Config:
     def get_int(self, key: str) -> int:
         value = self._values[key]
         assert isinstance(value, int)
+        return value
+
+    def get_str(self, key: str) -> str:
+        value = self._values[key]
+        assert isinstance(value, str)
         return value
 
     def get_bool(self, key: str) -> bool:

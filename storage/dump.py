@@ -33,9 +33,12 @@ from typing import Any, TextIO
 from storage.record_batch import (
     HEADER_SIZE,
     MIN_BATCH_LENGTH,
+    BatchHeader,
     InvalidBatchError,
+    Record,
     decode_records,
     parse_header,
+    record_timestamp,
     validate_batch,
 )
 from storage.segment import segment_base
@@ -126,15 +129,15 @@ def _batches(buf: mmap.mmap, name: str, size: int, records: bool) -> Iterator[di
             line["valid"] = False
             line["error"] = f"{type(exc).__name__}: {exc}"
         if line["valid"] and records:
-            line["records"] = [_record(h.base_offset, h.first_timestamp, r) for r in decode_records(buf, pos)]
+            line["records"] = [_record(h, r) for r in decode_records(buf, pos)]
         yield line
         if h.batch_length < MIN_BATCH_LENGTH or pos + h.size > size:
             return  # no trustworthy way to find the next batch
         pos += h.size
 
 
-def _record(base: int, first_ts: int, r: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"offset": base + r.offset_delta, "timestamp": first_ts + r.timestamp_delta}
+def _record(h: BatchHeader, r: Record) -> dict[str, Any]:
+    out: dict[str, Any] = {"offset": h.base_offset + r.offset_delta, "timestamp": record_timestamp(h, r)}
     for name, raw in (("key", r.key), ("value", r.value)):
         if raw is None:
             out[name] = None

@@ -62,6 +62,9 @@ _OFFSET_AND_EPOCH_BASE = struct.Struct(">q")
 _EPOCH = struct.Struct(">i")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
+_I16 = struct.Struct(">h")
+_I64 = struct.Struct(">q")
+MAX_TIMESTAMP_OFFSET = 35
 COMPRESSION_MASK = 0x07  # attributes bits 0-2: the codec (0 = none)
 TIMESTAMP_TYPE_BIT = 0x08  # attributes bit 3: LogAppendTime; bits 4 (transactional), 5 (control) and up: refused
 assert _HEADER.size == HEADER_SIZE
@@ -298,6 +301,35 @@ def validate_batches(buf: Buffer, *, max_batch_size: int) -> list[BatchHeader]:
         headers.append(header)
         pos += header.size
     return headers
+
+
+def record_timestamp(header: BatchHeader, record: Record) -> int:
+    """A record's timestamp: its own (CreateTime), or the batch's max timestamp, the time the leader appended
+    it, for a batch whose attributes say LogAppendTime (Kafka's ``DefaultRecordBatch`` reads it so)."""
+    if header.attributes & TIMESTAMP_TYPE_BIT:
+        return header.max_timestamp
+    return header.first_timestamp + record.timestamp_delta
+
+
+def set_timestamp_type(records: bytes, headers: Sequence[BatchHeader], log_append_time_ms: int | None) -> bytes:
+    """Kafka's ``setMaxTimestamp`` on every batch of ``records`` (whose ``headers`` are given, in order): with
+    ``log_append_time_ms`` each batch says LogAppendTime and that is its max timestamp; without, each says
+    CreateTime (a client's LogAppendTime bit is cleared). A changed batch's CRC is computed again. ``records``
+    is left as it is: a changed copy is returned, or ``records`` itself when no batch changes."""
+    buf: bytearray | None = None
+    pos = 0
+    for h in headers:
+        attributes = h.attributes | TIMESTAMP_TYPE_BIT if log_append_time_ms is not None \
+            else h.attributes & ~TIMESTAMP_TYPE_BIT
+        max_ts = h.max_timestamp if log_append_time_ms is None else log_append_time_ms
+        if attributes != h.attributes or max_ts != h.max_timestamp:
+            if buf is None:
+                buf = bytearray(records)
+            _I16.pack_into(buf, pos + ATTRIBUTES_OFFSET, attributes)
+            _I64.pack_into(buf, pos + MAX_TIMESTAMP_OFFSET, max_ts)
+            _U32.pack_into(buf, pos + CRC_OFFSET, compute_crc(buf, pos, h.size))
+        pos += h.size
+    return records if buf is None else bytes(buf)
 
 
 def stamp(buf: bytearray | memoryview, pos: int, *, base_offset: int, partition_leader_epoch: int) -> None:

@@ -34,6 +34,7 @@ from storage.record_batch import (
     check_frame,
     decode_records,
     parse_header,
+    record_timestamp,
 )
 
 SCAN_CHUNK_BYTES = 8 * 1024
@@ -383,9 +384,9 @@ class LogSegment:
                 # starting there gets the batch's CorruptRecordError rather than this lookup failing.
                 return h.max_timestamp, max(h.base_offset, min_offset), h.partition_leader_epoch
             for r in records:
-                if h.first_timestamp + r.timestamp_delta >= ts and h.base_offset + r.offset_delta >= min_offset:
-                    return h.first_timestamp + r.timestamp_delta, h.base_offset + r.offset_delta, \
-                        h.partition_leader_epoch
+                found = record_timestamp(h, r)
+                if found >= ts and h.base_offset + r.offset_delta >= min_offset:
+                    return found, h.base_offset + r.offset_delta, h.partition_leader_epoch
         return None
 
     # ---- truncation, flush, close --------------------------------------------------------------------------

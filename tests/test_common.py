@@ -211,3 +211,14 @@ def test_integers_are_read_as_java_reads_them(raw: object) -> None:
 def test_settings_kafka_refuses_together_are_refused(sets: dict[str, int], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         broker_config(sets)
+
+
+def test_message_timestamp_type_is_one_of_kafkas_two_names() -> None:
+    assert validate_topic_configs({"message.timestamp.type": "LogAppendTime"}) == {
+        "message.timestamp.type": "LogAppendTime"}
+    assert broker_config()["log.message.timestamp.type"] == "CreateTime"
+    for bad in ("logappendtime", "Now", "", 5):
+        with pytest.raises(ConfigError, match="expected one of CreateTime, LogAppendTime"):
+            validate_topic_configs({"message.timestamp.type": bad})
+    with pytest.raises(ConfigError, match=r"log\.message\.timestamp\.type: expected one of"):
+        broker_config({"log.message.timestamp.type": "Append"})

@@ -14,7 +14,7 @@ import pytest
 from common.errors import ErrorCode
 from common.http import RpcBadRequest, RpcClient
 from common.wire import TopicPartition, encode
-from storage.record_batch import HEADER_SIZE, compute_crc
+from storage.record_batch import HEADER_SIZE, TIMESTAMP_TYPE_BIT, compute_crc, validate_batches
 from tests.broker.conftest import TP, StartBroker, batch, fetch_body, part, produce_body
 from tests.fake_controller import FakeController
 from tests.idle_connections import assert_idle_connections_are_closed
@@ -150,6 +150,48 @@ async def test_list_offsets_and_epochs(start_broker: StartBroker, controller: Fa
 
     assert (await ofle(0))["leader_epoch"] == 0 and (await ofle(0))["end_offset"] == 3
     assert (await ofle(1))["end_offset"] == 5
+
+
+async def test_a_log_append_time_topic_takes_the_leaders_time(start_broker: StartBroker,
+                                                              controller: FakeController, rpc: RpcClient) -> None:
+    """message.timestamp.type=LogAppendTime (Kafka's LogValidator): each batch is stored with the attributes bit
+    and the leader's time as its max timestamp, its CRC computed again; the answer gives that time; a producer
+    clock years ahead is no INVALID_TIMESTAMP; the time index and ListOffsets by time use the leader's time."""
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1], topic_configs={TP.topic: {"message.timestamp.type":
+                                                                                  "LogAppendTime"}})
+    before = int(time.time() * 1000)
+    r = part(await rpc.call(b.address, "produce", produce_body(batch(3, ts=4_102_444_800_000))))  # year 2100
+    after = int(time.time() * 1000)
+    assert r["error"] == 0 and before <= r["log_append_time_ms"] <= after, r
+    records = part(await rpc.call(b.address, "fetch", fetch_body(0)))["records"]
+    (header,) = validate_batches(records, max_batch_size=1 << 20)  # the CRC holds
+    assert (header.attributes, header.max_timestamp) == (TIMESTAMP_TYPE_BIT, r["log_append_time_ms"])
+    assert header.first_timestamp == 4_102_444_800_000  # the records themselves are as sent
+
+    async def lo(ts: int) -> int:
+        answer = part(await rpc.call(b.address, "list_offsets", {"replica_id": -1, "topics": [
+            {"topic": TP.topic, "partitions": [{"partition": 0, "timestamp": ts}]}]}))
+        offset: int = answer["offset"]
+        return offset
+
+    assert await lo(before) == 0 and await lo(after + 1) == -1
+
+
+async def test_a_create_time_topic_clears_a_producers_log_append_time_bit(start_broker: StartBroker,
+                                                                          controller: FakeController,
+                                                                          rpc: RpcClient) -> None:
+    # Kafka's setMaxTimestamp(CREATE_TIME, ...) on the topic's type: the bit was kept, and consumers took the
+    # producer's max timestamp for every record of the batch
+    addr = await leader_broker(start_broker, controller)
+    sent = bytearray(batch(3, ts=1_700_000_000_000))
+    struct.pack_into(">h", sent, 21, TIMESTAMP_TYPE_BIT)
+    struct.pack_into(">I", sent, 17, compute_crc(sent, 0, len(sent)))
+    r = part(await rpc.call(addr, "produce", produce_body(bytes(sent))))
+    assert (r["error"], r["log_append_time_ms"]) == (0, -1)
+    (header,) = validate_batches(part(await rpc.call(addr, "fetch", fetch_body(0)))["records"],
+                                 max_batch_size=1 << 20)
+    assert (header.attributes, header.max_timestamp) == (0, 1_700_000_000_000)
 
 
 async def test_offsets_apis_fence_an_older_current_leader_epoch(start_broker: StartBroker,

@@ -41,7 +41,7 @@ from aiohttp import web
 
 from common.errors import ErrorCode
 from common.wire import CONTENT_TYPE, TopicPartition, decode_body, encode
-from storage.record_batch import BatchHeader, iter_batches, stamp
+from storage.record_batch import BatchHeader, iter_batches, set_timestamp_type, stamp
 
 SEQUENCE_MASK = 2**31 - 1
 CACHED_BATCHES = 5  # Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN
@@ -120,6 +120,7 @@ class FakePartition:
     hw_lag: int = 0
     producers: dict[int, ProducerEntry] = field(default_factory=dict)  # idempotent producers' state
     max_message_bytes: int | None = None  # the topic's max.message.bytes: a larger batch is MESSAGE_TOO_LARGE
+    log_append_time_ms: int | None = None  # set: message.timestamp.type=LogAppendTime, appended at this time
 
     @property
     def high_watermark(self) -> int:
@@ -340,6 +341,8 @@ class FakeCluster:
                     del self.append_prefix_and_lose[tp]
                     batches = batches[:prefix]
                     lose = True
+                if part.log_append_time_ms is not None and batches:  # as the broker does (batches from pos 0)
+                    buf[:] = set_timestamp_type(bytes(buf), [h for _, h in batches], part.log_append_time_ms)
                 for pos, header in batches:
                     stamp(buf, pos, base_offset=part.log_end_offset, partition_leader_epoch=part.leader_epoch)
                     start = part.log_end_offset
@@ -351,7 +354,9 @@ class FakeCluster:
                     self.lose_answers[tp] -= 1
                     lose = True
                 answer = {"partition": tp.partition, "error": 0, "base_offset": base,
-                          "log_start_offset": part.log_start_offset}
+                          "log_start_offset": part.log_start_offset,
+                          "log_append_time_ms": -1 if part.log_append_time_ms is None or duplicate_of >= 0
+                          else part.log_append_time_ms}
                 if not self.base_offset_in_answers:
                     del answer["base_offset"]
                 parts.append(answer)

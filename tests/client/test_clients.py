@@ -764,3 +764,19 @@ async def test_a_leader_that_no_longer_has_the_consumers_epoch_is_read_on(fake: 
             if got:
                 break
         assert got == [(10, b"after")]
+
+
+async def test_on_a_log_append_time_topic_both_clients_give_the_leaders_time(fake: FakeCluster) -> None:
+    # Kafka's RecordMetadata.timestamp() and ConsumerRecord.timestamp(): the leader's append time replaces the
+    # producer's on a message.timestamp.type=LogAppendTime topic
+    tp = TopicPartition(TOPIC, 1)
+    fake.partitions[tp].log_append_time_ms = 1_234_567
+    async with Producer(fake.bootstrap, fast(linger_ms=0)) as producer:
+        meta = await producer.send_and_wait(TOPIC, b"v", partition=1, timestamp_ms=99)
+        other = await producer.send_and_wait(TOPIC, b"w", partition=0, timestamp_ms=99)
+    assert (meta.offset, meta.timestamp) == (0, 1_234_567)
+    assert other.timestamp == 99  # CreateTime: the record's own
+    async with Consumer(fake.bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=50) as consumer:
+        consumer.assign([tp])
+        got = await consumer.poll(timeout_ms=2_000)
+    assert [(r.value, r.timestamp) for r in got] == [(b"v", 1_234_567)]

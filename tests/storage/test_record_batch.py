@@ -195,3 +195,23 @@ def test_check_frame_refuses_attributes_this_log_cannot_honour(attributes: int, 
 def test_parse_header_short() -> None:
     with pytest.raises(BatchTooShortError):
         rb.parse_header(b"\x00" * 10)
+
+
+def test_log_append_time_is_set_on_every_batch_with_a_valid_crc() -> None:
+    # Kafka's setMaxTimestamp(LOG_APPEND_TIME, now): the attributes bit, the max timestamp, the CRC again
+    a = rb.build_batch([(None, b"a"), (None, b"b")], timestamp_ms=1_000)
+    b = rb.build_batch([(b"k", b"c")], base_offset=2, timestamp_ms=4_102_444_800_000)  # year 2100
+    out = rb.set_timestamp_type(a + b, [rb.parse_header(a), rb.parse_header(b)], 5_000)
+    headers = rb.validate_batches(out, max_batch_size=1 << 20)  # CRCs hold
+    assert [(h.attributes, h.max_timestamp, h.first_timestamp) for h in headers] == [
+        (rb.TIMESTAMP_TYPE_BIT, 5_000, 1_000), (rb.TIMESTAMP_TYPE_BIT, 5_000, 4_102_444_800_000)]
+    records = rb.decode_records(out, 0) + rb.decode_records(out, headers[0].size)
+    assert [r.value for r in records] == [b"a", b"b", b"c"]
+    assert [rb.record_timestamp(headers[0], r) for r in records[:2]] == [5_000, 5_000]
+    assert rb.record_timestamp(rb.parse_header(a), records[1]) == 1_000  # CreateTime: the record's own
+    # CreateTime clears a client's bit (and keeps the max timestamp); nothing to change: the same object back
+    back = rb.set_timestamp_type(out, headers, None)
+    assert [(h.attributes, h.max_timestamp) for h in rb.validate_batches(back, max_batch_size=1 << 20)] == [
+        (0, 5_000), (0, 5_000)]
+    assert rb.set_timestamp_type(a, [rb.parse_header(a)], None) is a
+    assert rb.set_timestamp_type(out, headers, 5_000) is out
