@@ -110,6 +110,7 @@ def check_meta(data_dir: Path, node_id: int) -> str:
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / META_FILE
     cluster_id = DEFAULT_CLUSTER_ID
+    existing = None
     if path.exists():
         try:
             props = read_properties(path)
@@ -131,8 +132,13 @@ def check_meta(data_dir: Path, node_id: int) -> str:
         if owner_id != node_id:
             raise DataDirError(f"data dir {data_dir} belongs to node.id={owner}, not {node_id}")
         cluster_id = props.get("cluster.id", cluster_id)
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            existing = path.read_text(encoding="utf-8")
+    wanted = f"version=1\nnode.id={node_id}\ncluster.id={cluster_id}\n"
+    if existing == wanted:  # as Kafka, not written again at every start: a full disk then halts on the logs
+        return cluster_id
     try:
-        write_atomic(path, f"version=1\nnode.id={node_id}\ncluster.id={cluster_id}\n")
+        write_atomic(path, wanted)
     except OSError as exc:  # write_atomic removed its temp file
         raise DataDirError(f"cannot write {path}: {exc.strerror or exc}") from None
     return cluster_id

@@ -92,7 +92,7 @@ class Admin:
         body = {"topics": [{"name": t.name, "num_partitions": t.num_partitions,
                             "replication_factor": t.replication_factor, "configs": dict(t.configs)}
                            for t in topics]}
-        resp = await self._rpc.call(self.controller, "create_topics", body)
+        resp = await self._call("create_topics", body)
         out: dict[str, tuple[ErrorCode, str]] = {}
         for t in resp.get("topics") or []:
             out[str(t.get("name"))] = (ErrorCode.of(int(t.get("error", 0))), str(t.get("error_message") or ""))
@@ -107,16 +107,31 @@ class Admin:
 
     async def delete_topic(self, name: str) -> None:
         check_topic(name, "topic name")
-        resp = await self._rpc.call(self.controller, "delete_topics", {"topics": [name]})
+        resp = await self._call("delete_topics", {"topics": [name]})
         for t in resp.get("topics") or []:
+            if str(t.get("name")) != name:
+                continue
             code = ErrorCode.of(int(t.get("error", 0)))
-            if str(t.get("name")) == name and code is not ErrorCode.NONE:
+            if code is not ErrorCode.NONE:
                 message = str(t.get("error_message") or "")
                 raise error_for(code, f"{code.name}: {message}" if message else code.name)
+            return
+        raise error_for(ErrorCode.UNKNOWN_SERVER_ERROR, f"UNKNOWN_SERVER_ERROR: no answer for topic {name!r}")
 
     async def metadata(self, topics: Sequence[str] | None = None) -> dict[str, Any]:
         names = _check_names(topics)
-        return await self._rpc.call(self.controller, "metadata", {"topics": names if names else None})
+        return await self._call("metadata", {"topics": names if names else None})
+
+    async def _call(self, api: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A controller call whose answer has no top-level error; one (the controller could not serve the
+        request, e.g. its journal write failed) is raised. Read as having no topics, it made a failed delete
+        look done."""
+        resp = await self._rpc.call(self.controller, api, body)
+        code = ErrorCode.of(int(resp.get("error", 0) or 0))
+        if code is not ErrorCode.NONE:
+            message = str(resp.get("error_message") or "")
+            raise error_for(code, f"{code.name}: {api}: {message}" if message else f"{code.name}: {api}")
+        return resp
 
     async def controller_status(self) -> dict[str, Any]:
         status = await self._rpc.get_json(self.controller, "/v1/status")

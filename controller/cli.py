@@ -78,7 +78,7 @@ def _run(args: argparse.Namespace, early: list[int]) -> int:
     config = controller_config(parse_assignments(args.settings))
     data_dir = Path(args.data_dir)
     configure("controller", "controller")
-    from controller.journal import DataDirLockedError, JournalCorruptError
+    from controller.journal import DataDirLockedError, JournalBrokenError, JournalCorruptError
 
     if os.path.lexists(data_dir) and not data_dir.is_dir():  # else mkdir's "[Errno 17] File exists"
         print(f"minibroker: error: controller: --data-dir {data_dir} exists and is not a directory", file=sys.stderr)
@@ -90,6 +90,10 @@ def _run(args: argparse.Namespace, early: list[int]) -> int:
         # printed here rather than raised as cli.main.CliError: under ``python -m cli.main`` that
         # module is ``__main__`` and would not catch the class imported as ``cli.main``
         print(f"minibroker: error: controller: {exc}", file=sys.stderr)
+        return 2
+    except JournalBrokenError as exc:  # the start's own commit (the controller epoch), e.g. on a full disk
+        print(f"minibroker: error: controller: cannot write the metadata journal in {data_dir}: {exc}",
+              file=sys.stderr)
         return 2
 
 
@@ -125,8 +129,11 @@ async def serve(host: str, port: int, data_dir: Path, config: Any, early: list[i
     bound = runner.addresses[0]
     address = f"{host}:{bound[1]}"
     # pid first: the endpoint file is what waiters poll for, so everything else is in place when it appears
-    write_atomic(data_dir / "pid", str(os.getpid()))
-    write_atomic(data_dir / "endpoint", address)
+    for name, text in (("pid", str(os.getpid())), ("endpoint", address)):
+        try:
+            write_atomic(data_dir / name, text)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot write {data_dir / name}: {exc.strerror or exc}") from None
     log.info("controller_listening", address=address, controller_epoch=controller.image.controller_epoch)
     waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(controller.fatal.wait())]
     await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)

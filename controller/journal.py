@@ -36,7 +36,7 @@ from typing import Any
 from common.fsutil import DirLockedError, lock_dir
 from common.wire import decode, encode
 from controller.state import MetadataImage, Record, record_from_dict, record_to_dict
-from storage.checkpoint import fsync_dir
+from storage.checkpoint import fsync_dir, write_atomic
 
 JOURNAL_NAME = "metadata.journal"
 SNAPSHOT_NAME = "metadata.snapshot"
@@ -86,16 +86,6 @@ def read_frames(buf: bytes) -> tuple[list[dict[str, Any]], int]:
         frames.append(doc)
         pos = end
     return frames, pos
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 class Journal:
@@ -179,12 +169,12 @@ class Journal:
         where the snapshot and whatever journal is there replay to the same image.
         """
         try:
-            _write_atomically(self.data_dir / SNAPSHOT_NAME,
-                              encode_frame({"offset": self.offset, "image": image.to_snapshot()}))
+            write_atomic(self.data_dir / SNAPSHOT_NAME,
+                         encode_frame({"offset": self.offset, "image": image.to_snapshot()}))
         except OSError as exc:
             return f"{exc.__class__.__name__}: {exc}"
         try:
-            _write_atomically(self.data_dir / JOURNAL_NAME, b"")
+            write_atomic(self.data_dir / JOURNAL_NAME, b"")
             new = open(self.data_dir / JOURNAL_NAME, "ab", buffering=0)  # noqa: SIM115
         except OSError as exc:
             self.broken = f"{exc.__class__.__name__}: {exc}"

@@ -32,6 +32,7 @@ from common.wire import (
 )
 from controller import ops
 from controller.controller import Controller
+from controller.journal import JournalBrokenError
 from controller.propagator import CONTROLLER_ID
 from controller.state import NO_LEADER, MetadataImage
 
@@ -58,6 +59,10 @@ def _guard(api: str, handler: Handler) -> Callable[[web.Request], Awaitable[web.
             return exc.response()
         except web.HTTPException:
             raise  # aiohttp's own answers, e.g. 413 for a body over client_max_size
+        except JournalBrokenError as exc:  # logged as journal_failed (critical) already; the process exits
+            log.error("request_failed", api=api, error=f"{exc.__class__.__name__}: {exc}")
+            return _msgpack({"error": int(ErrorCode.UNKNOWN_SERVER_ERROR),
+                             "error_message": f"{exc.__class__.__name__}: {exc}"})
         except Exception as exc:
             log.exception("request_failed", api=api)
             return _msgpack({"error": int(ErrorCode.UNKNOWN_SERVER_ERROR),

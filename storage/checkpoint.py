@@ -37,7 +37,7 @@ class CheckpointError(ValueError):
     """A checkpoint file that cannot be parsed."""
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str | bytes) -> None:
     """Write ``text`` to ``path`` through ``<name>.tmp`` (fsync, rename, directory fsync). On ``OSError`` the
     target is untouched and the temp file is removed (best effort: a full disk must not keep a half-written
     ``.tmp`` that uses space); the error propagates."""
@@ -45,7 +45,7 @@ def write_atomic(path: Path, text: str) -> None:
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            data = text.encode()
+            data = text.encode() if isinstance(text, str) else text
             while data:
                 data = data[os.write(fd, data):]
             os.fsync(fd)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.process import DataDirError, check_meta
+from broker.process import DEFAULT_CLUSTER_ID, DataDirError, check_meta
 from tests.procs import REPO
 
 
@@ -120,3 +120,13 @@ def test_meta_properties_of_this_node_is_kept(tmp_path: Path) -> None:
     with pytest.raises(DataDirError, match=r"belongs to node\.id=0007, not 8$"):
         (tmp_path / "meta.properties").write_text("node.id=0007\n")
         check_meta(tmp_path, 8)
+
+
+def test_meta_properties_already_as_wanted_is_not_written_again(tmp_path: Path) -> None:
+    # as Kafka: a restart on a full disk then gets as far as the logs (it failed here at once, and a broker
+    # that had just started registering held its session from the next start)
+    assert check_meta(tmp_path, 3) == DEFAULT_CLUSTER_ID
+    path = tmp_path / "meta.properties"
+    before = path.stat().st_ino
+    assert check_meta(tmp_path, 3) == DEFAULT_CLUSTER_ID
+    assert path.stat().st_ino == before  # not replaced (a write goes through a temp file and a rename)

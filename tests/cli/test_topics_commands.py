@@ -21,6 +21,15 @@ class FakeController:
         self.runners: list[web.AppRunner] = []
         self.broker_ports: dict[int, int] = {}
         self.address = ""
+        # set: every request is answered with this as a top-level UNKNOWN_SERVER_ERROR, as the real controller's
+        # guard answers one it could not serve (a journal write that failed on a full disk)
+        self.failing: str | None = None
+
+    def _failed(self) -> web.Response | None:
+        if self.failing is None:
+            return None
+        return web.Response(body=encode({"error": int(ErrorCode.UNKNOWN_SERVER_ERROR), "error_message": self.failing}),
+                            content_type=CONTENT_TYPE)
 
     async def start(self) -> None:
         app = web.Application()
@@ -52,6 +61,8 @@ class FakeController:
 
     async def create_topics(self, request: web.Request) -> web.Response:
         body = decode_body(await request.read())
+        if (failed := self._failed()) is not None:
+            return failed
         out = []
         for t in body["topics"]:
             code = ErrorCode.NONE
@@ -67,6 +78,8 @@ class FakeController:
 
     async def delete_topics(self, request: web.Request) -> web.Response:
         body = decode_body(await request.read())
+        if (failed := self._failed()) is not None:
+            return failed
         out = []
         for name in body["topics"]:
             code = ErrorCode.NONE if self.topics.pop(name, None) else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
@@ -172,3 +185,16 @@ def test_describe_text_writes_configs_as_they_are_given() -> None:
     assert "Configs: min.insync.replicas=2,unclean.leader.election.enable=false" in text
     assert "HW/LEO: 1:3/3" in text and "did not answer" not in text  # the note only when a replica is silent
 
+
+
+async def test_a_request_the_controller_could_not_serve_is_an_error_not_a_success(controller: FakeController) -> None:
+    # the answer's top-level error was not read: a delete whose journal write failed printed "Deleted topic"
+    # and exited 0, and the topic was still there (found by a disk-full review)
+    ctl = ["--controller", controller.address]
+    await run("topics", "create", "audit", "--partitions", "1", "--replication-factor", "1", *ctl)
+    controller.failing = "JournalBrokenError: journal append failed: OSError: [Errno 28] No space left on device"
+    code, out, err = await run("topics", "delete", "audit", *ctl)
+    assert code == 1 and "Deleted" not in out, (out, err)
+    assert "UNKNOWN_SERVER_ERROR: delete_topics: JournalBrokenError" in err and "No space left" in err, err
+    code, out, err = await run("topics", "create", "other", "--partitions", "1", "--replication-factor", "1", *ctl)
+    assert code == 1 and "create_topics: JournalBrokenError" in err, (out, err)

@@ -382,6 +382,19 @@ def test_a_snapshot_that_cannot_be_written_leaves_the_journal_serving(tmp_path: 
     assert replay(tmp_path) == image_of(OPS)
 
 
+def test_a_snapshot_that_fails_leaves_no_temp_file(tmp_path: Path) -> None:
+    # a partial metadata.snapshot.tmp stayed until a later snapshot succeeded: on a full disk, space the
+    # journal needed (found by a disk-full review)
+    journal, image = written(tmp_path, OPS[:4])
+    (tmp_path / SNAPSHOT_NAME).mkdir()  # written in full, then it cannot take the snapshot's place
+    try:
+        failed = journal.snapshot(image)
+        assert failed is not None
+        assert not (tmp_path / (SNAPSHOT_NAME + ".tmp")).exists()
+    finally:
+        journal.close()
+
+
 def test_a_journal_that_cannot_be_restarted_after_a_snapshot_is_broken(tmp_path: Path) -> None:
     # it used to be left closed: every later append raised ValueError, which nothing took as fatal, so the
     # controller stayed up and could commit nothing

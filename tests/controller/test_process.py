@@ -133,3 +133,32 @@ async def test_connections_idle_for_connections_max_idle_ms_are_closed(tmp_path:
         await assert_idle_connections_are_closed(address)
     finally:
         proc.kill()
+
+
+def test_a_journal_that_cannot_be_written_at_start_is_a_one_line_error(tmp_path: Path) -> None:
+    # the start's own commit (the controller epoch) failing, as on a full disk, was an uncaught
+    # JournalBrokenError and a traceback (found by a disk-full review). Here the file size limit stands in for
+    # the full disk: the journal cannot grow (EFBIG; SIGXFSZ ignored, as its default would kill the process).
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    from controller.journal import JOURNAL_NAME, encode_frame
+    from tests.controller.proc_util import ROOT
+
+    data_dir = tmp_path / "full"
+    data_dir.mkdir()
+    (data_dir / JOURNAL_NAME).write_bytes(encode_frame({"offset": 1, "records": []}))
+    limit = (data_dir / JOURNAL_NAME).stat().st_size
+
+    def no_room() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    run = subprocess.run([sys.executable, "-m", "cli.main", "controller", "--data-dir", str(data_dir),
+                          "--listen", "127.0.0.1:0"], cwd=ROOT, capture_output=True, timeout=60,
+                         preexec_fn=no_room)
+    err = run.stderr.decode()
+    assert run.returncode == 2, err
+    assert b"Traceback" not in run.stderr and f"cannot write the metadata journal in {data_dir}" in err, err
