@@ -911,13 +911,42 @@ def cmd_kill(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stop(args: argparse.Namespace) -> int:
+    data_dir = _data_dir(args)
+    with cluster_lock(data_dir):  # no `cluster start` of it meanwhile
+        m = load(data_dir).member(args.id)
+        if not is_running(m):
+            raise CliError(f"{m.name} is not running")
+        _stop_one(m, args.timeout)
+    return 0
+
+
+def _stop_one(m: Member, timeout_s: float) -> None:
+    """SIGTERM and wait for the exit (a broker's controlled shutdown first moves its leaderships away), then
+    SIGKILL after ``timeout_s``: what an operator's service manager does, and what a rolling restart needs
+    before it starts the member again (`kill --signal TERM` returns at once)."""
+    print(f"stopping {m.name} (pid {m.pid}; up to {timeout_s:.0f} s)", file=sys.stderr)
+    forced = stop_members([m], timeout_s=timeout_s)
+    print(f"stopped {m.name}" + (" (SIGKILL needed)" if forced else ""))
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    data_dir = _data_dir(args)
+    with cluster_lock(data_dir):
+        m = load(data_dir).member(args.id)
+        if is_running(m):
+            _stop_one(m, args.stop_timeout)
+    return cmd_start(args)
+
+
 def cmd_start(args: argparse.Namespace) -> int:
     data_dir = _data_dir(args)
     with cluster_lock(data_dir):  # load, start, save: a concurrent `cluster start` of another member waits
         spec = load(data_dir)
         m = spec.member(args.id)
         if is_running(m):
-            raise CliError(f"{m.name} is already running (pid {m.pid})")
+            raise CliError(f"{m.name} is already running (pid {m.pid})"
+                           + (" (stopping? `cluster stop` waits for the exit)" if m.kind == "broker" else ""))
         spec = start_member(spec, m)
         m = spec.member(m.name)
     if m.kind == "broker" and args.wait:
@@ -929,7 +958,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser("cluster", help="run a local cluster: up, status, down, kill, start",
+    p = sub.add_parser("cluster", help="run a local cluster: up, status, down, stop, start, restart, kill",
                        description="A local cluster of real processes on 127.0.0.1.")
     cs = p.add_subparsers(dest="cluster_command", metavar="ACTION")
     p.set_defaults(func=lambda _a: (p.print_help(sys.stderr), 2)[1])
@@ -972,8 +1001,31 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
                    help="seconds before SIGKILL (default 40, above controlled.shutdown.max.wait.ms)")
     q.set_defaults(func=cmd_down)
 
+    q = cs.add_parser("stop", help="stop one member and wait for it (SIGTERM, then SIGKILL after --timeout)",
+                      description="Stop one member of the local cluster: SIGTERM (a broker first moves its "
+                                  "leaderships away: controlled shutdown), wait until it has exited, SIGKILL "
+                                  "after --timeout. For a rolling restart: stop, start, next broker.")
+    data_dir_arg(q)
+    q.add_argument("id", metavar="ID", help="broker id or 'controller'")
+    q.add_argument("--timeout", type=non_negative_float("--timeout"), default=40.0,
+                   help="seconds before SIGKILL (default 40, above controlled.shutdown.max.wait.ms)")
+    q.set_defaults(func=cmd_stop)
+
+    q = cs.add_parser("restart", help="stop one member, then start it again and wait for it",
+                      description="`cluster stop` then `cluster start` of one member (if it is not running, "
+                                  "only the start).")
+    data_dir_arg(q)
+    q.add_argument("id", metavar="ID", help="broker id or 'controller'")
+    q.add_argument("--stop-timeout", type=non_negative_float("--stop-timeout"), default=40.0,
+                   help="seconds before SIGKILL when stopping (default 40)")
+    q.add_argument("--no-wait", dest="wait", action="store_false", help="do not wait for broker registration")
+    q.add_argument("--timeout", type=positive_float("--timeout"), default=60.0,
+                   help="seconds to wait for the broker to register, or for the controller to answer (default 60)")
+    q.set_defaults(func=cmd_restart)
+
     q = cs.add_parser("kill", help="send a signal to one member",
-                      description="Send a signal to one member of the local cluster, for chaos testing.")
+                      description="Send a signal to one member of the local cluster and return at once, for "
+                                  "chaos testing (to stop one and wait for it: `cluster stop`).")
     data_dir_arg(q)
     q.add_argument("id", metavar="ID", help="broker id or 'controller'")
     q.add_argument("--signal", default="KILL", type=str.upper, choices=sorted(SIGNALS),
