@@ -6,7 +6,10 @@ any reachable broker (known brokers, then the bootstrap list, starting one
 further on each refresh) and lets callers ask for a refresh when a leader
 moved (NOT_LEADER_OR_FOLLOWER, a broken connection). Refreshes are coalesced:
 concurrent callers share one request, and they are rate-limited by
-``retry.backoff.ms``.
+``retry.backoff.ms``, doubled after each refresh no broker answered up to
+``RETRY_BACKOFF_MAX_MS`` (Kafka's ``retry.backoff.max.ms`` default, KIP-580;
+without its jitter): while every broker is down a client asks about once a
+second, not ten times.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from common.logging import get_logger
 from common.wire import TopicPartition
 
 log = get_logger(__name__)
+
+RETRY_BACKOFF_MAX_MS = 1_000
 
 
 def parse_bootstrap(text: str | Sequence[str]) -> list[str]:
@@ -189,7 +194,16 @@ class MetadataCache:
         self.current = ClusterMetadata()  # a plain attribute: the producer reads it once per record
         self._refreshing: asyncio.Task[ClusterMetadata] | None = None
         self._last_refresh_ms = -(10**12)
+        self._failed_refreshes = 0  # in a row: the backoff doubles with each
         self._next_address = 0
+
+    def backoff_ms(self) -> int:
+        """How long after a refresh the next one may start: retry.backoff.ms, doubled for each refresh in a row
+        that no broker answered, at most RETRY_BACKOFF_MAX_MS (never below retry.backoff.ms)."""
+        if not self._failed_refreshes:
+            return self._retry_backoff_ms
+        doubled = self._retry_backoff_ms << min(self._failed_refreshes - 1, 16)
+        return max(self._retry_backoff_ms, min(doubled, RETRY_BACKOFF_MAX_MS))
 
     def add_topics(self, topics: Iterable[str]) -> None:
         """Topics to ask for on each refresh; ``TypeError``/``ValueError`` (and none added) for a name that
@@ -215,8 +229,8 @@ class MetadataCache:
         """Refresh now (or join a refresh in flight); rate-limited unless ``force``."""
         if self._refreshing is not None and not self._refreshing.done():
             return await asyncio.shield(self._refreshing)
-        if not force and self._clock.monotonic_ms() - self._last_refresh_ms < self._retry_backoff_ms:
-            await asyncio.sleep(self._retry_backoff_ms / 1000)
+        if not force and self._clock.monotonic_ms() - self._last_refresh_ms < self.backoff_ms():
+            await asyncio.sleep(self.backoff_ms() / 1000)
         if self._refreshing is not None and not self._refreshing.done():
             return await asyncio.shield(self._refreshing)
         self._refreshing = asyncio.ensure_future(self._fetch())
@@ -242,8 +256,10 @@ class MetadataCache:
             fresh = metadata_from_response(resp)
             self.current = merge_metadata(self.current, fresh, topics)
             self._last_refresh_ms = self._clock.monotonic_ms()
+            self._failed_refreshes = 0
             return self.current
         self._last_refresh_ms = self._clock.monotonic_ms()
+        self._failed_refreshes += 1
         raise NoBrokersAvailableError("no broker answered metadata: " + "; ".join(errors[-3:]))
 
     async def wait_for_topic(self, topic: str, timeout_ms: int, *, leaders: bool = True,
@@ -266,7 +282,7 @@ class MetadataCache:
             except NoBrokersAvailableError:
                 if self._clock.monotonic_ms() >= deadline:
                     raise
-                await asyncio.sleep(self._retry_backoff_ms / 1000)
+                await asyncio.sleep(min(self.backoff_ms(), max(1, deadline - self._clock.monotonic_ms())) / 1000)
                 continue
             parts = md.partitions_for(topic)
             if parts and (not leaders or all(md.leader_address(TopicPartition(topic, p)) for p in parts)):

@@ -377,8 +377,11 @@ class Controller:
         await self._commit(plan)
         self.last_heard.pop(node_id, None)
         self.propagator.drop(node_id)
-        log.warning("broker_fenced", broker_id=node_id, broker_epoch=reg.broker_epoch, reason=reason,
-                    partitions_changed=len(plan.changes))
+        # a controlled shutdown's fence is the orderly end of a stop (Kafka logs it at INFO); a lapsed session
+        # is worth a warning
+        level = log.info if reason == "controlled_shutdown" else log.warning
+        level("broker_fenced", broker_id=node_id, broker_epoch=reg.broker_epoch, reason=reason,
+              partitions_changed=len(plan.changes))
 
     async def check_liveness(self) -> list[int]:
         """Fence every broker silent past the session timeout; returns who was fenced."""

@@ -209,16 +209,23 @@ class FakeCluster:
 
     async def start(self, brokers: int) -> None:
         for node_id in range(1, brokers + 1):
-            app = web.Application()
-            for api in ("metadata", "produce", "fetch", "list_offsets", "init_producer_id"):
-                app.router.add_post(f"/v1/{api}", self._handler(node_id, api))
-            runner = web.AppRunner(app)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            port = runner.addresses[0][1]
-            self.addresses[node_id] = f"127.0.0.1:{port}"
-            self.runners[node_id] = runner
+            await self.start_broker(node_id)
+
+    async def start_broker(self, node_id: int) -> None:
+        """Start broker ``node_id``'s server: on a free port the first time, on its own port again after
+        ``stop_broker`` (a broker restarted)."""
+        app = web.Application()
+        for api in ("metadata", "produce", "fetch", "list_offsets", "init_producer_id"):
+            app.router.add_post(f"/v1/{api}", self._handler(node_id, api))
+        runner = web.AppRunner(app)
+        await runner.setup()
+        known = self.addresses.get(node_id)
+        site = web.TCPSite(runner, "127.0.0.1", int(known.rsplit(":", 1)[1]) if known else 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        self.addresses[node_id] = f"127.0.0.1:{port}"
+        self.runners[node_id] = runner
+        self.dead_but_listed.discard(node_id)
 
     async def stop_broker(self, node_id: int) -> None:
         runner = self.runners.pop(node_id, None)

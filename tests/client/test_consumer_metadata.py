@@ -3,7 +3,10 @@ leader), and consumer answers that arrive for partitions no longer assigned or m
 
 from __future__ import annotations
 
+import pytest
+
 from client import Consumer, ConsumerRecord, Producer, TopicPartition
+from client.errors import NoBrokersAvailableError
 from client.metadata import MetadataCache
 from common.http import RpcClient
 from tests.client.fake_broker import FakeCluster, running
@@ -40,6 +43,30 @@ async def test_refreshes_go_to_each_broker_in_turn() -> None:
         finally:
             await rpc.close()
     assert fake.metadata_requests_by_node == {1: 2, 2: 2, 3: 2}
+
+
+async def test_refreshes_no_broker_answers_back_off_exponentially_up_to_a_second() -> None:
+    # Kafka's retry.backoff.max.ms (KIP-580): a client kept asking every retry.backoff.ms (100 ms) while every
+    # broker was down, a warning each time (found by an operator review: ~12 log lines a second)
+    async with running(TOPIC, 1) as fake:
+        rpc = RpcClient()
+        try:
+            cache = MetadataCache(rpc, fake.bootstrap.split(","), retry_backoff_ms=100)
+            cache.add_topics([TOPIC])
+            live = list(fake.addresses)
+            for node in live:
+                await fake.stop_broker(node)
+            seen = [cache.backoff_ms()]
+            for _ in range(6):
+                with pytest.raises(NoBrokersAvailableError):
+                    await cache.refresh(force=True)
+                seen.append(cache.backoff_ms())
+            assert seen == [100, 100, 200, 400, 800, 1000, 1000]
+            await fake.start_broker(live[0])
+            await cache.refresh(force=True)
+            assert cache.backoff_ms() == 100  # answered: back to retry.backoff.ms
+        finally:
+            await rpc.close()
 
 
 async def test_one_broker_with_stale_metadata_does_not_pin_the_clients() -> None:

@@ -348,6 +348,9 @@ async def test_sigterm_moves_leadership_before_the_broker_exits(cluster: Cluster
         assert moved and moved[0]["leader"] != victim, "leadership moved by the controlled shutdown"
         status = await c.rpc.get_json(c.ctl, "/v1/status")
         assert {b["node_id"]: b["fenced"] for b in status["brokers"]}[victim], "fenced once it led nothing"
+        # the orderly end of a stop, not a warning (operators alerting on WARN were paged for every restart)
+        assert [(e["reason"], e["level"]) for e in c.controller.events("broker_fenced")
+                if e["broker_id"] == victim] == [("controlled_shutdown", "info")]
         after = await c.wait_leading("logs")
         assert after["leader"] == moved[0]["leader"] and victim not in after["isr"]
         r = await produce(c.rpc, c.address(after["leader"]), "logs", [b"after"])
