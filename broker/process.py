@@ -250,6 +250,8 @@ class BrokerProcess:
         """Stop (see the module doc); every step runs even if an earlier one failed. A data dir failure
         after the HTTP server stopped ends the stop with the halt (non-zero exit) once the logs are closed."""
         rm = self.rm
+        if rm is not None:
+            rm.shutting_down = True
         if rm is not None and rm.producer_ids is not None:
             await self._step("producer_ids_close", rm.producer_ids.close)
         if self.link is not None:

@@ -93,6 +93,7 @@ class ReplicaManager:
         self._state_lock = asyncio.Lock()
         self._restored_hws: dict[TopicPartition, int] = {}
         self._hws_loaded = False  # start() read the HW checkpoint: only then may it be rewritten
+        self.shutting_down = False  # the broker is stopping (from its controlled shutdown on): /v1/status says so
         self._isr_backoff_until: dict[TopicPartition, int] = {}
         self._fetching: set[TopicPartition] = set()  # partitions handed to the fetcher manager
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -923,7 +924,7 @@ class ReplicaManager:
         now = self.clock.monotonic_ms()
         return {
             "node_id": self.broker_id, "role": "broker", "broker_epoch": self._broker_epoch,
-            "controller_epoch": self.controller_epoch,
+            "controller_epoch": self.controller_epoch, "shutting_down": self.shutting_down,
             "partitions": [p.status(now) for _, p in sorted(self.partitions.items())],
         }
 

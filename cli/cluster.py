@@ -838,7 +838,9 @@ def member_status(spec: ClusterSpec) -> list[dict[str, Any]]:
                                "pid": m.pid, "running": running, "paused": stopped,
                                "responding": st is not None, "log": m.log}
         if m.kind == "broker":
-            row["shutting_down"] = running and m.node_id in stopping  # in controlled shutdown
+            # in controlled shutdown, as the controller or the broker itself says (the controller may be down)
+            row["shutting_down"] = running and (m.node_id in stopping
+                                                or (isinstance(st, dict) and st.get("shutting_down") is True))
         if isinstance(st, dict) and m.kind == "broker":
             parts = st.get("partitions") or []
             row["broker_epoch"] = st.get("broker_epoch")

@@ -580,7 +580,21 @@ async def test_heartbeats_say_shutdown_once_controlled_shutdown_begins(start_bro
         await asyncio.sleep(0.1)
     assert controller.heartbeats and not any(h["want_shutdown"] for h in controller.heartbeats)
     controller.shutdown_remaining_answers = 8  # ~1.6 s of retries: several heartbeats meanwhile
-    await b.stop()
+    rpc = RpcClient(timeout_s=2)
+    try:
+        assert (await rpc.get_json(b.address, "/v1/status"))["shutting_down"] is False
+        stopping = asyncio.ensure_future(b.stop())
+        # its own status says so too (`cluster status` showed a broker whose controller was down as up)
+        seen = False
+        for _ in range(100):  # bounded: 2 s, within the ~1.6 s of retries
+            await asyncio.sleep(0.02)
+            if (await rpc.get_json(b.address, "/v1/status"))["shutting_down"]:
+                seen = True
+                break
+        await stopping
+    finally:
+        await rpc.close()
+    assert seen
     assert len(controller.shutdown_requests) > 8
     assert any(h["want_shutdown"] for h in controller.heartbeats)
 
