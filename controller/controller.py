@@ -70,21 +70,24 @@ class Metrics:
 T = TypeVar("T")
 
 
-async def _to_its_end(fn: Callable[..., T], *args: Any) -> tuple[T, bool]:
-    """``fn(*args)`` in a worker thread, awaited to its end even if the caller is cancelled meanwhile; its
-    result and whether the caller was cancelled (for it to raise CancelledError once it has done what must
-    follow). A journal write cannot be stopped once started: a commit that gave up on it left the journal
-    ahead of the image (the records written, never applied) and released the lock, so the next commit could
-    write beside it and the journal be closed under it (Controller.close cancels the liveness task's fences)."""
+async def _to_its_end(fn: Callable[..., T], *args: Any) -> tuple[asyncio.Future[T], bool]:
+    """``fn(*args)`` in a worker thread, awaited to its end even if the caller is cancelled meanwhile: the
+    finished work (its result or its exception) and whether the caller was cancelled, for it to raise
+    CancelledError once it has done what must follow, whatever the outcome (a cancel lost to a failed write
+    left Controller.close waiting on a liveness loop for good). A journal write cannot be stopped once
+    started: a commit that gave up on it left the journal ahead of the image (the records written, never
+    applied) and released the lock, so the next commit could write beside it and the journal be closed under
+    it (Controller.close cancels the liveness task's fences)."""
     work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
     cancelled = False
-    while True:
+    while not work.done():
         try:
-            return await asyncio.shield(work), cancelled
+            await asyncio.shield(work)
         except asyncio.CancelledError:
             cancelled = True
-            if work.done():  # it ended as the caller was cancelled: its outcome stands
-                return work.result(), cancelled
+        except Exception:
+            break  # the work's own failure: the caller reads it from ``work``
+    return work, cancelled
 
 class Controller:
     def __init__(self, data_dir: Path, config: Config, clock: Clock, *, rng: random.Random | None = None,
@@ -181,11 +184,14 @@ class Controller:
         assert journal is not None, "controller not started"
         old_image_topics = set(self.image.topics)
         old_partitions = dict(self.image.partitions)
+        work, cancelled = await _to_its_end(journal.append, plan.records)
         try:
-            _, cancelled = await _to_its_end(journal.append, plan.records)
+            work.result()
         except JournalBrokenError:
             log.critical("journal_failed", journal_offset=journal.offset, error=journal.broken)
             self.fatal.set()  # the process exits; a restart replays what was acknowledged
+            if cancelled:
+                raise asyncio.CancelledError from None
             raise
         for rec in plan.records:
             self.image.apply(rec)
@@ -199,11 +205,14 @@ class Controller:
         if journal.records_since_snapshot >= interval:
             # The plan is committed (fsynced, applied, propagated): its caller gets its answer whatever
             # becomes of the snapshot, which is housekeeping.
+            snapshot, cancelled = await _to_its_end(journal.snapshot, self.image)
             try:
-                failed, cancelled = await _to_its_end(journal.snapshot, self.image)
+                failed = snapshot.result()
             except JournalBrokenError:
                 log.critical("journal_failed", journal_offset=journal.offset, error=journal.broken)
                 self.fatal.set()  # the process exits; a restart replays the snapshot and the journal
+                if cancelled:
+                    raise asyncio.CancelledError from None
                 return
             if failed is None:
                 log.info("metadata_snapshot_written", journal_offset=journal.offset)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -440,31 +441,89 @@ async def test_the_controller_answers_a_committed_change_and_exits_when_its_snap
     assert 1 in image.brokers
 
 
-async def test_a_commit_cancelled_during_its_journal_write_is_applied_before_it_gives_up(tmp_path: Path) -> None:
-    """A commit cancelled while its records are being written (Controller.close cancels the liveness task's
-    fences) gave up at once: the records were journalled but never applied, and the lock was free for the
-    next commit to write beside the first. It now waits for the write, applies it, then raises."""
+class _NoBrokers:  # the propagation transport's interface; nothing listens in these tests
+    async def call(self, address: str, api: str, body: dict[str, object], *,
+                   timeout_s: float | None = None) -> dict[str, object]:
+        return {"error": 0, "partitions": []}
+
+
+async def _started_controller(tmp_path: Path) -> Any:
     from common.clock import ManualClock
     from common.config import controller_config
     from controller.controller import Controller
 
-    class NoBrokers:
-        async def call(self, address: str, api: str, body: dict[str, object], *,
-                       timeout_s: float | None = None) -> dict[str, object]:
-            return {"error": 0, "partitions": []}
-
-    c = Controller(tmp_path, controller_config(), ManualClock(), transport=NoBrokers(), stall_guard=False)
+    c = Controller(tmp_path, controller_config(), ManualClock(), transport=_NoBrokers(), stall_guard=False)
     await c.start()
+    return c
+
+
+async def test_a_commit_cancelled_before_its_journal_write_ends_is_applied_before_it_gives_up(
+        tmp_path: Path) -> None:
+    """A commit cancelled while its records are on their way to the journal (Controller.close cancels the
+    liveness task's fences) gave up at once, and a write already running went on: the records journalled but
+    never applied, and the lock free for the next commit to write beside it. It now waits for the write,
+    applies it, then raises CancelledError. (The write is held in the loop's one worker thread here.)"""
+    import concurrent.futures
+    import threading
+
+    c = await _started_controller(tmp_path)
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=1))
+    release = threading.Event()
+    busy = loop.run_in_executor(None, release.wait)
     try:
         registering = asyncio.ensure_future(c.register_broker(1, "127.0.0.1", 9001, "a"))
-        for _ in range(3):  # to the journal write's thread
+        for _ in range(20):
             await asyncio.sleep(0)
         registering.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.sleep(0.05)
+        assert not registering.done()  # waiting for its write, not gone
+        release.set()
+        await busy
+        with pytest.raises(asyncio.CancelledError):
             await registering
         assert 1 in c.image.brokers  # what the journal holds, the image holds
     finally:
+        release.set()
         await c.close()
     journal, image = Journal.open(tmp_path)
     journal.close()
     assert 1 in image.brokers
+
+
+async def test_a_commit_cancelled_during_a_journal_write_that_fails_still_ends_cancelled(tmp_path: Path) -> None:
+    """The write fails after the cancel (a full disk at shutdown): the controller is marked fatal and the commit
+    ends with CancelledError. The write's error came out instead, and a liveness loop that logs and goes on
+    after an error never ended: Controller.close waited on it for good."""
+    import os
+
+    c = await _started_controller(tmp_path)
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    with contextlib.suppress(BlockingIOError):
+        while True:  # fill the pipe: the journal's next write blocks in its thread
+            os.write(w, b"x" * 65536)
+    os.set_blocking(w, True)
+    journal = c._journal
+    assert journal is not None
+    journal._file.close()
+    journal._file = open(w, "ab", buffering=0)  # noqa: SIM115 - written by the journal, closed by its close()
+    try:
+        registering = asyncio.ensure_future(c.register_broker(1, "127.0.0.1", 9001, "a"))
+        await asyncio.sleep(0.1)  # the write is blocked in its thread
+        registering.cancel()
+        await asyncio.sleep(0.05)
+        assert not registering.done()
+        os.set_blocking(r, False)
+        for _ in range(500):  # drained: the write goes through; the fsync of a pipe then fails (EINVAL)
+            with contextlib.suppress(BlockingIOError):
+                os.read(r, 1 << 20)
+            if registering.done():
+                break
+            await asyncio.sleep(0.01)
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(registering), 10)
+        assert c.fatal.is_set()
+    finally:
+        await asyncio.wait_for(c.close(), 10)
+        os.close(r)
