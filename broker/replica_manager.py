@@ -609,22 +609,23 @@ class ReplicaManager:
         if not headers:
             return _produce_result(tp, ErrorCode.INVALID_RECORD, "no record batch in records")
         append_time = -1
+        data: bytes | bytearray = records  # a stamped copy when a batch's timestamp type is set here
         if p.log_append_time:  # Kafka's LogValidator: the leader's time replaces the producer's, unchecked
             append_time = self.clock.now_ms()
-            records = set_timestamp_type(records, headers, append_time)
+            data = set_timestamp_type(records, headers, append_time)
         else:
             stale = check_timestamps(headers, self.clock.now_ms(), *p.timestamp_bounds_ms)
             if stale is not None:
                 return _produce_result(tp, ErrorCode.INVALID_TIMESTAMP, stale)
             for h in headers:
                 if h.attributes:  # the LogAppendTime bit (check_batches refused any other): CreateTime here
-                    records = set_timestamp_type(records, headers, None)
+                    data = set_timestamp_type(records, headers, None)
                     break
         if acks == -1 and len(p.state.isr) < p.min_insync_replicas:
             return _produce_result(tp, ErrorCode.NOT_ENOUGH_REPLICAS,
                                    f"ISR {list(p.state.isr)} < min.insync.replicas {p.min_insync_replicas}")
         try:
-            info = p.log.append_as_leader(records, p.state.leader_epoch)
+            info = p.log.append_as_leader(data, p.state.leader_epoch)
         except InvalidBatchError as exc:
             return _produce_result(tp, exc.code, str(exc))
         except ProducerStateError as exc:  # out of order, fenced producer epoch: the client's business
@@ -646,6 +647,8 @@ class ReplicaManager:
             if acks == -1:
                 waits[tp] = ProduceWait(p.state.leader_epoch, info.last_offset + 1)
             return {"partition": tp.partition, "error": 0, "base_offset": info.first_offset,
+                    # Kafka answers the original batch's time (its producer state keeps a timestamp per batch;
+                    # ours does not): the client then reports the record's own timestamp
                     "log_start_offset": p.log_start_offset, "log_append_time_ms": -1}
         metrics = self.metrics
         metrics.bytes_in += len(records)

@@ -914,12 +914,14 @@ def cmd_kill(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
+    # The lock only to read the member: held through a stop of up to --timeout (40 s), it made a `cluster
+    # start` of another member give up (LOCK_WAIT_S). A start of this one meanwhile finds it running.
     data_dir = _data_dir(args)
-    with cluster_lock(data_dir):  # no `cluster start` of it meanwhile
+    with cluster_lock(data_dir):
         m = load(data_dir).member(args.id)
-        if not is_running(m):
-            raise CliError(f"{m.name} is not running")
-        _stop_one(m, args.timeout)
+    if not is_running(m):
+        raise CliError(f"{m.name} is not running")
+    _stop_one(m, args.timeout)
     return 0
 
 
@@ -936,8 +938,8 @@ def cmd_restart(args: argparse.Namespace) -> int:
     data_dir = _data_dir(args)
     with cluster_lock(data_dir):
         m = load(data_dir).member(args.id)
-        if is_running(m):
-            _stop_one(m, args.stop_timeout)
+    if is_running(m):
+        _stop_one(m, args.stop_timeout)
     return cmd_start(args)
 
 

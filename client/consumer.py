@@ -196,6 +196,9 @@ class Consumer:
 
     def assign(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> None:
         tps = _partition_list(partitions, "assign")
+        before = set(self._positions.assigned())
+        # a partition leaving or joining the assignment starts anew: no lookup made before applies to it
+        self._seeks.update(before.symmetric_difference(tps))
         self._positions.assign(tps)
         self.metadata.add_topics({tp.topic for tp in tps})
         self._buffer = deque(r for r in self._buffer if TopicPartition(r.topic, r.partition) in set(tps))
@@ -365,7 +368,8 @@ class Consumer:
                     error=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION.name)
 
     def _spawn_reset(self, tps: Sequence[TopicPartition]) -> None:
-        """Find positions for ``tps`` by ``auto.offset.reset`` in a task like a fetch's, so poll keeps
+        """Find positions for ``tps`` (each by the reset asked for it, else ``auto.offset.reset``) in a task like
+        a fetch's, so poll keeps
         to its timeout and partitions with no leader (or that do not exist) do not hold up the others."""
         timestamps = self._reset_timestamps(tps)
         if "__reset__" in self._in_flight:

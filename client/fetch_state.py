@@ -1,7 +1,8 @@
 """Consumer position bookkeeping (pure: no I/O).
 
 For every assigned partition the consumer keeps a position (the next offset
-to return) or ``None`` while it must be reset by ``auto.offset.reset``.
+to return) or ``None`` while it must be reset: by the strategy a
+``seek_to_beginning``/``seek_to_end`` asked for, else by ``auto.offset.reset``.
 ``accept`` turns decoded records of one fetch into the ones to return and
 moves the position past them; it drops records below the position (a batch
 may start before it) and a whole response if the position moved while the

@@ -229,8 +229,9 @@ class MetadataCache:
         """Refresh now (or join a refresh in flight); rate-limited unless ``force``."""
         if self._refreshing is not None and not self._refreshing.done():
             return await asyncio.shield(self._refreshing)
-        if not force and self._clock.monotonic_ms() - self._last_refresh_ms < self.backoff_ms():
-            await asyncio.sleep(self.backoff_ms() / 1000)
+        wait_ms = self._last_refresh_ms + self.backoff_ms() - self._clock.monotonic_ms()
+        if not force and wait_ms > 0:  # the rest of the backoff only (now up to a second)
+            await asyncio.sleep(wait_ms / 1000)
         if self._refreshing is not None and not self._refreshing.done():
             return await asyncio.shield(self._refreshing)
         self._refreshing = asyncio.ensure_future(self._fetch())

@@ -519,7 +519,7 @@ class Log:
             self._fail(exc)
 
     # ---- appending -----------------------------------------------------------------------------------------
-    def append_as_leader(self, records: bytes, leader_epoch: int) -> AppendInfo:
+    def append_as_leader(self, records: bytes | bytearray, leader_epoch: int) -> AppendInfo:
         """Assign offsets from the LEO and stamp ``leader_epoch`` (records already validated).
 
         The stamped header prefix (base_offset, batch_length, epoch: bytes 0-16) is written from a
@@ -647,7 +647,7 @@ class Log:
                 self.epoch_cache.truncate_from_end(base)
             self.epoch_cache.assign(epoch, base)
 
-    def _frame(self, records: bytes, pos: int, n: int) -> tuple[Any, ...]:
+    def _frame(self, records: bytes | bytearray, pos: int, n: int) -> tuple[Any, ...]:
         """The header fields (``_HEADER_FIELDS``) of the batch at ``pos``, its length checked."""
         if n - pos < 61:
             raise BatchTooShortError(f"partial batch header at {pos}")

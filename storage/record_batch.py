@@ -311,11 +311,13 @@ def record_timestamp(header: BatchHeader, record: Record) -> int:
     return header.first_timestamp + record.timestamp_delta
 
 
-def set_timestamp_type(records: bytes, headers: Sequence[BatchHeader], log_append_time_ms: int | None) -> bytes:
+def set_timestamp_type(records: bytes, headers: Sequence[BatchHeader], log_append_time_ms: int | None,
+                       ) -> bytes | bytearray:
     """Kafka's ``setMaxTimestamp`` on every batch of ``records`` (whose ``headers`` are given, in order): with
     ``log_append_time_ms`` each batch says LogAppendTime and that is its max timestamp; without, each says
     CreateTime (a client's LogAppendTime bit is cleared). A changed batch's CRC is computed again. ``records``
-    is left as it is: a changed copy is returned, or ``records`` itself when no batch changes."""
+    is left as it is: a changed copy is returned (one copy: a bytearray), or ``records`` itself when no batch
+    changes."""
     buf: bytearray | None = None
     pos = 0
     for h in headers:
@@ -329,7 +331,7 @@ def set_timestamp_type(records: bytes, headers: Sequence[BatchHeader], log_appen
             _I64.pack_into(buf, pos + MAX_TIMESTAMP_OFFSET, max_ts)
             _U32.pack_into(buf, pos + CRC_OFFSET, compute_crc(buf, pos, h.size))
         pos += h.size
-    return records if buf is None else bytes(buf)
+    return records if buf is None else buf
 
 
 def stamp(buf: bytearray | memoryview, pos: int, *, base_offset: int, partition_leader_epoch: int) -> None:

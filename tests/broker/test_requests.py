@@ -161,13 +161,15 @@ async def test_a_log_append_time_topic_takes_the_leaders_time(start_broker: Star
     await controller.elect(TP, leader=1, replicas=[1], topic_configs={TP.topic: {"message.timestamp.type":
                                                                                   "LogAppendTime"}})
     before = int(time.time() * 1000)
-    r = part(await rpc.call(b.address, "produce", produce_body(batch(3, ts=4_102_444_800_000))))  # year 2100
+    r = part(await rpc.call(b.address, "produce", produce_body(batch(3, ts=1_000))))  # a producer clock in 1970
     after = int(time.time() * 1000)
     assert r["error"] == 0 and before <= r["log_append_time_ms"] <= after, r
     records = part(await rpc.call(b.address, "fetch", fetch_body(0)))["records"]
     (header,) = validate_batches(records, max_batch_size=1 << 20)  # the CRC holds
     assert (header.attributes, header.max_timestamp) == (TIMESTAMP_TYPE_BIT, r["log_append_time_ms"])
-    assert header.first_timestamp == 4_102_444_800_000  # the records themselves are as sent
+    assert header.first_timestamp == 1_000  # the records themselves are as sent
+    ahead = part(await rpc.call(b.address, "produce", produce_body(batch(1, ts=4_102_444_800_000))))  # 2100
+    assert ahead["error"] == 0, ahead  # the producer's time is not checked, it is replaced
 
     async def lo(ts: int) -> int:
         answer = part(await rpc.call(b.address, "list_offsets", {"replica_id": -1, "topics": [
@@ -175,7 +177,8 @@ async def test_a_log_append_time_topic_takes_the_leaders_time(start_broker: Star
         offset: int = answer["offset"]
         return offset
 
-    assert await lo(before) == 0 and await lo(after + 1) == -1
+    assert await lo(before) == 0  # by the leader's time: the records' own (1970) would be below it
+    assert await lo(int(time.time() * 1000) + 60_000) == -1  # the 2100 batch too is at the leader's time
 
 
 async def test_a_create_time_topic_clears_a_producers_log_append_time_bit(start_broker: StartBroker,

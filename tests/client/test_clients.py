@@ -316,6 +316,20 @@ async def test_a_poll_reset_started_before_a_seek_to_end_does_not_win(fake: Fake
         assert await consumer.position(tp) == 10
 
 
+async def test_a_partition_assigned_anew_takes_no_older_lookups_answer(fake: FakeCluster) -> None:
+    # unassigned and assigned again while a seek_to_beginning's lookup was out: the partition starts anew
+    # (auto.offset.reset=latest), and the old lookup's answer no longer applies (found by a diff review)
+    tp = await _ten_records(fake)
+    async with Consumer(fake.bootstrap, auto_offset_reset="latest", fetch_max_wait_ms=50) as consumer:
+        consumer.assign([tp])
+        seeking, gate = await _with_offset_lookup_held(fake, consumer.seek_to_beginning(tp))
+        consumer.assign([])
+        consumer.assign([tp])
+        gate.set()
+        await asyncio.wait_for(seeking, 10)
+        assert await consumer.position(tp) == 10
+
+
 async def test_a_seek_made_while_a_seek_to_beginning_waits_wins(fake: FakeCluster) -> None:
     tp = await _ten_records(fake)
     async with Consumer(fake.bootstrap, fetch_max_wait_ms=50) as consumer:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -215,3 +216,20 @@ def test_log_append_time_is_set_on_every_batch_with_a_valid_crc() -> None:
         (0, 5_000), (0, 5_000)]
     assert rb.set_timestamp_type(a, [rb.parse_header(a)], None) is a
     assert rb.set_timestamp_type(out, headers, 5_000) is out
+
+
+def test_dump_log_and_export_read_the_append_time_of_a_log_append_time_batch(tmp_path: Path) -> None:
+    from audit.export import _record_rows
+    from common.wire import TopicPartition
+    from storage.dump import dump_file
+
+    raw = rb.build_batch([(None, b"a"), (None, b"b")], timestamp_ms=1_000)
+    stamped = bytes(rb.set_timestamp_type(raw, [rb.parse_header(raw)], 5_000))
+    segment = tmp_path / "00000000000000000000.log"
+    segment.write_bytes(stamped)
+    (line,) = dump_file(segment, records=True)
+    assert [r["timestamp"] for r in line["records"]] == [5_000, 5_000]
+    rows = _record_rows(1, TopicPartition("t", 0), segment.name, 0, rb.parse_header(stamped), stamped)
+    assert [r["timestamp"] for r in rows] == [5_000, 5_000]
+    assert [r["timestamp"] for r in _record_rows(1, TopicPartition("t", 0), segment.name, 0,
+                                                 rb.parse_header(raw), raw)] == [1_000, 1_000]
