@@ -50,6 +50,10 @@ log = get_logger("broker")
 
 EARLIEST_TIMESTAMP = -2
 ISR_RETRY_BACKOFF_MS = 200
+# an AlterPartition asked again without a definite answer waits twice as long each time, up to this (as a Kafka
+# client's retry.backoff.max.ms): a change the controller keeps answering NOT_LEADER_OR_FOLLOWER or
+# UNKNOWN_TOPIC_OR_PARTITION was asked five times a second, a warning each, until a LeaderAndIsr came
+ISR_RETRY_MAX_BACKOFF_MS = 1_000
 LATEST_TIMESTAMP = -1
 
 
@@ -509,6 +513,7 @@ class ReplicaManager:
         LeaderAndIsr at its own leader epoch would be taken (KRaft's leader learns it from the metadata log).
         """
         assert self.alter_sender is not None
+        backoff_ms = ISR_RETRY_BACKOFF_MS
         while True:
             try:
                 result = await self.alter_sender.alter_partition(p.tp, sent.leader_epoch, sent.partition_epoch,
@@ -542,7 +547,8 @@ class ReplicaManager:
                 return
             # Outcome unknown (a timeout), or the controller moved on (a new leader epoch, this broker
             # re-registering): keep the pending change and ask again until an answer or a LeaderAndIsr.
-            await asyncio.sleep(ISR_RETRY_BACKOFF_MS / 1000)
+            await asyncio.sleep(backoff_ms / 1000)
+            backoff_ms = min(2 * backoff_ms, ISR_RETRY_MAX_BACKOFF_MS)
             if self._closing or self.partitions.get(p.tp) is not p or p.state.pending is not change:
                 return  # no longer ours to ask: one AlterPartition in flight per partition
 

@@ -5,6 +5,7 @@ implements) whose calls the test answers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,34 @@ async def test_an_old_answer_does_not_settle_a_later_equal_isr_change(tmp_path: 
         assert not waiting.done() and p.state.high_watermark == 3, "acks=all waits for replica 2's fetch"
         await rm.fetch(_follower_fetch(6, broker_epoch=9))
         assert (await asyncio.wait_for(waiting, 5))[TP]["error"] == 0
+    finally:
+        await rm.shutdown()
+        await lm.close()
+
+
+async def test_an_alter_partition_without_a_definite_answer_is_asked_again_less_and_less_often(
+        tmp_path: Path) -> None:
+    """Answered NOT_LEADER_OR_FOLLOWER again and again (a controller that does not know this leader), the
+    change was asked every 200 ms, a warning each, until a LeaderAndIsr came; now the wait doubles up to 1 s.
+    Counted over 1.5 s: with the doubling at most 4 requests (0, 0.2, 0.6, 1.4 s), without it about 8 (a
+    slower machine only makes fewer)."""
+    rm, lm, sender = await _leader(tmp_path)
+    try:
+        await rm.update_metadata(rq.parse_update_metadata({
+            "controller_id": 100, "controller_epoch": 1, "broker_epoch": -1,
+            "brokers": [{"node_id": b, "host": "127.0.0.1", "port": 9000 + b} for b in (1, 2)]}))
+        assert (await rm.leader_and_isr(_lai(1, [1])))["partitions"][0]["error"] == 0
+        await rm.fetch(_follower_fetch(0, broker_epoch=7))  # caught up: expansion asked
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 1.5
+        answered = 0
+        while loop.time() < end:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(sender.wait_calls(answered + 1), max(0.01, end - loop.time()))
+            for _, answer in sender.calls[answered:]:
+                answer.set_result(AlterResult(ErrorCode.NOT_LEADER_OR_FOLLOWER))
+            answered = len(sender.calls)
+        assert 2 <= answered <= 5, answered
     finally:
         await rm.shutdown()
         await lm.close()
