@@ -9,7 +9,7 @@ an absurd value.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -20,6 +20,7 @@ from common.wire import (
     BadRequest,
     TopicPartition,
     field,
+    host_field,
     int_field,
     int_list,
     list_field,
@@ -48,10 +49,18 @@ def _topic_partitions(body: Mapping[str, Any], name: str = "topics") -> list[tup
             out.append((TopicPartition(topic, int_field(p, "partition", lo=0, hi=MAX_INT32)), p))
             if len(out) > MAX_PARTITIONS_PER_REQUEST:
                 raise BadRequest(f"more than {MAX_PARTITIONS_PER_REQUEST} partitions in one request")
-    seen = {tp for tp, _ in out}
-    if len(seen) != len(out):
-        raise BadRequest("a partition appears twice in one request")
+    _refuse_duplicates(tp for tp, _ in out)
     return out
+
+
+def _refuse_duplicates(tps: Iterable[TopicPartition]) -> None:
+    """A partition named twice in one request is refused whole (Kafka's INVALID_REQUEST): which of the two
+    would apply is anyone's guess."""
+    seen: set[TopicPartition] = set()
+    for tp in tps:
+        if tp in seen:
+            raise BadRequest(f"partition {tp} appears more than once in one request")
+        seen.add(tp)
 
 
 class ProduceRequest(NamedTuple):
@@ -208,23 +217,61 @@ def _partition_states(body: Mapping[str, Any]) -> list[PartitionStateMsg]:
     for p in map_items(list_field(body, "partition_states", []), "partition_states"):
         msg = PartitionStateMsg(
             tp=TopicPartition(topic_name(p), int_field(p, "partition", lo=0, hi=MAX_INT32)),
-            leader=int_field(p, "leader", lo=-1, hi=MAX_INT32),
-            leader_epoch=int_field(p, "leader_epoch", lo=-1, hi=MAX_INT32),
+            leader=int_field(p, "leader", lo=-MAX_INT32 - 1, hi=MAX_INT32),
+            leader_epoch=int_field(p, "leader_epoch", lo=-MAX_INT32 - 1, hi=MAX_INT32),
             isr=tuple(int_list(p, "isr")),
-            partition_epoch=int_field(p, "partition_epoch", 0, lo=-1, hi=MAX_INT32),
+            partition_epoch=int_field(p, "partition_epoch", 0, lo=-MAX_INT32 - 1, hi=MAX_INT32),
             replicas=tuple(int_list(p, "replicas")),
             is_new=field(p, "is_new", bool, False),
         )
-        if msg.leader >= 0 and msg.leader_epoch < 0:
-            raise BadRequest(f"{msg.tp}: leader {msg.leader} with leader_epoch {msg.leader_epoch}: a named leader "
-                             "needs a leader epoch >= 0")
+        problem = _partition_state_problem(msg)
+        if problem is not None:
+            raise BadRequest(f"partition state of {msg.tp}: {problem}")
         out.append(msg)
+    _refuse_duplicates(msg.tp for msg in out)
     return out
+
+
+def _partition_state_problem(msg: PartitionStateMsg) -> str | None:
+    """Why a partition state cannot be applied, or None. What the controller sends (controller/ops.py,
+    controller/rules.py) always passes: a leader in the ISR, the ISR a subset of the replicas; an offline
+    partition has leader -1 and keeps its last ISR (which then need not hold a leader); after an unclean
+    election the ISR is the leader alone. A broker that applied any other state could not get out of it
+    (a leader outside its own ISR, an ISR naming brokers that hold no replica)."""
+    if msg.leader < -1:
+        return f"leader {msg.leader} is not a broker id (>= 0) nor -1 (no leader)"
+    for name, value in (("leader_epoch", msg.leader_epoch), ("partition_epoch", msg.partition_epoch)):
+        if value < 0:
+            return f"{name} {value} is negative: a leader epoch and a partition epoch start at 0"
+    for name, ids in (("replicas", msg.replicas), ("isr", msg.isr)):
+        for b in ids:
+            if not 0 <= b <= MAX_INT32:
+                return f"{name} {_ids(ids)}: broker id {b} outside [0, {MAX_INT32}]"
+        if len(set(ids)) != len(ids):
+            return f"{name} {_ids(ids)} names a broker more than once"
+    replicas = set(msg.replicas)
+    outside = [b for b in msg.isr if b not in replicas]
+    if outside:
+        return f"isr {_ids(msg.isr)} is not a subset of replicas {_ids(msg.replicas)} (has {_ids(outside)})"
+    if msg.leader >= 0:  # -1: no leader (offline), the ISR kept
+        if msg.leader not in replicas:
+            return f"leader {msg.leader} is not one of the replicas {_ids(msg.replicas)}"
+        if not msg.isr:
+            return f"leader {msg.leader} with an empty isr: a leader is always in the isr"
+        if msg.leader not in msg.isr:
+            return f"leader {msg.leader} is not in the isr {_ids(msg.isr)}"
+    return None
+
+
+def _ids(ids: Iterable[int], most: int = 10) -> str:
+    """Broker ids for an error message, at most ``most`` of them."""
+    shown = list(ids)
+    return str(shown) if len(shown) <= most else f"[{', '.join(map(str, shown[:most]))}, ... ({len(shown)} ids)]"
 
 
 def _brokers(body: Mapping[str, Any], name: str) -> list[BrokerInfo]:
     return [
-        BrokerInfo(int_field(b, "node_id", lo=0, hi=MAX_INT32), field(b, "host", str),
+        BrokerInfo(int_field(b, "node_id", lo=0, hi=MAX_INT32), host_field(b),
                    int_field(b, "port", lo=0, hi=65535))
         for b in map_items(list_field(body, name, []), name)
     ]
@@ -283,6 +330,7 @@ def parse_stop_replica(body: Mapping[str, Any]) -> tuple[ControlHeader, list[Sto
                              int_field(p, "leader_epoch", -1, lo=-2, hi=MAX_INT32), field(p, "delete", bool, False))
         for p in map_items(list_field(body, "partitions"), "partitions")
     ]
+    _refuse_duplicates(p.tp for p in parts)
     return _control_header(body), parts
 
 

@@ -19,6 +19,11 @@ import asyncio
 
 from aiohttp import web
 
+from common.logging import get_logger
+from common.wire import BadRequest
+
+log = get_logger("common.serving")
+
 
 class BodyStalled(Exception):
     """The request body stopped coming for ``connections.max.idle.ms``."""
@@ -28,6 +33,12 @@ class BodyStalled(Exception):
         resp = web.Response(status=408, text=str(self))
         resp.force_close()
         return resp
+
+
+class ClientGone(BadRequest):
+    """The client closed the connection before its request body was in: there is nobody to answer, and
+    nothing to log above info. A ``BadRequest``: the guards answer it HTTP 400 (to nobody, aiohttp drops it)
+    and log nothing."""
 
 
 class _IdleWatch:
@@ -72,7 +83,9 @@ class _IdleWatch:
 
 async def read_body(request: web.BaseRequest, max_bytes: int) -> bytes:
     """The request body, copied once; HTTP 413 above ``max_bytes``; ``BodyStalled`` when it stops coming for
-    the server's keep-alive timeout (``connections.max.idle.ms``).
+    the server's keep-alive timeout (``connections.max.idle.ms``); ``BadRequest`` (HTTP 400) for a body
+    aiohttp cannot decode (a ``Content-Encoding`` it does not match, a broken chunked encoding);
+    ``ClientGone`` when the client closes the connection before the body is in.
 
     aiohttp's ``request.read()`` grows a ``bytearray`` and then copies it into ``bytes``: two copies,
     and with both buffers alive at once glibc grows and trims its heap for every 108 KiB produce
@@ -97,6 +110,10 @@ async def read_body(request: web.BaseRequest, max_bytes: int) -> bytes:
             if size > max_bytes:
                 raise web.HTTPRequestEntityTooLarge(max_bytes, size)
             chunks.append(chunk)
+    except web.RequestPayloadError as exc:
+        raise _unreadable(request, size, exc) from None
+    except ConnectionError as exc:
+        raise _gone(request, size, exc) from None
     finally:
         if watch is not None:
             watch.cancel()
@@ -104,3 +121,20 @@ async def read_body(request: web.BaseRequest, max_bytes: int) -> bytes:
         raise BodyStalled(f"the request body stopped coming: nothing for {watch.idle_s:g} s after {size} bytes "
                           f"(connections.max.idle.ms); the connection is closed")
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _unreadable(request: web.BaseRequest, size: int, exc: web.RequestPayloadError) -> BadRequest:
+    """aiohttp's parser failed on the body (it raised RequestPayloadError out of the read, and the guards
+    answered error -1 with a traceback). The parser is in error for the rest of the connection: the body is
+    ended here, so that aiohttp does not read it again after the answer (which raised the same error as an
+    "Unhandled exception"), and the connection is closed once the 400 is written."""
+    request.content.feed_eof()
+    request.protocol.close()
+    detail = " ".join(str(getattr(exc.__cause__, "message", None) or exc).split())
+    return BadRequest(f"the request body cannot be read after {size} bytes: {detail}; the connection is closed")
+
+
+def _gone(request: web.BaseRequest, size: int, exc: ConnectionError) -> ClientGone:
+    log.info("request_body_lost", path=request.path, peer=request.remote, bytes_read=size,
+             error=f"{exc.__class__.__name__}: {exc}")
+    return ClientGone(f"the client closed the connection after {size} bytes of the request body")

@@ -7,6 +7,7 @@ handler never sees an ill-typed value. See ``docs/protocol.md`` for every API.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Mapping
 from typing import Any, NamedTuple, TypeVar
@@ -15,6 +16,7 @@ import msgpack
 
 CONTENT_TYPE = "application/x-msgpack"
 MAX_INT64 = 2**63 - 1
+MIN_INT64 = -(2**63)
 MAX_INT32 = 2**31 - 1
 MAX_FETCH_WAIT_MS = 5 * 60 * 1000  # a broker refuses a fetch whose max_wait_ms is above it (HTTP 400)
 
@@ -83,11 +85,28 @@ def field(body: Mapping[str, Any], name: str, kind: type[T], default: Any = _MIS
 
 
 def int_field(body: Mapping[str, Any], name: str, default: Any = _MISSING, *,
-              lo: int = -MAX_INT64, hi: int = MAX_INT64) -> int:
+              lo: int = MIN_INT64, hi: int = MAX_INT64) -> int:
     value = field(body, name, int, default)
     if not lo <= value <= hi:
         raise BadRequest(f"field {name!r} out of range [{lo}, {hi}]: {value}")
     return value
+
+
+MAX_HOST_LENGTH = 255
+# what a host name or an IP address can contain: a DNS name or IPv4 address ("broker-1", "10.0.0.7"), an IPv6
+# address bare or in brackets ("::1", "[::1]"); '_' as hosts in containers are often named
+_HOST_RE = re.compile(r"[A-Za-z0-9._:-]+|\[[A-Za-z0-9._:-]+\]")
+
+
+def host_field(body: Mapping[str, Any], name: str = "host") -> str:
+    """A host name or IP address. It becomes part of every URL others build to reach that host, so a
+    character such as '/', '@', '#', '?' or a space would make every request to it fail (or go elsewhere)."""
+    host = field(body, name, str)
+    if len(host) > MAX_HOST_LENGTH or not _HOST_RE.fullmatch(host):
+        raise BadRequest(f"field {name!r} must be a host name or IP address (1-{MAX_HOST_LENGTH} characters: "
+                         f"ASCII letters, digits, '-', '.', '_', ':', an IPv6 address optionally in [brackets]), "
+                         f"got {host[:80]!r}")
+    return host
 
 
 def list_field(body: Mapping[str, Any], name: str, default: Any = _MISSING) -> list[Any]:

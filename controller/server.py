@@ -8,6 +8,7 @@ exception to UNKNOWN_SERVER_ERROR, so no request ever gets an HTTP 500.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ from common.wire import (
     decode_body,
     encode,
     field,
+    host_field,
     int_field,
     int_list,
     list_field,
@@ -72,15 +74,25 @@ def _guard(api: str, handler: Handler) -> Callable[[web.Request], Awaitable[web.
 
 async def broker_registration(c: Controller, body: dict[str, Any]) -> dict[str, Any]:
     node_id = int_field(body, "node_id", lo=0, hi=MAX_INT32)
-    host = field(body, "host", str)
+    host = host_field(body)  # it becomes part of every URL other brokers and clients build for this broker
     port = int_field(body, "port", lo=1, hi=65535)
-    incarnation = field(body, "incarnation_id", str, "")
-    if not host or len(host) > 255 or not host.isascii() or not host.isprintable() or " " in host:
-        # it becomes part of every URL other brokers and clients build for this broker
-        raise BadRequest(f"field 'host' must be a host name or address (1-255 printable ASCII characters, no "
-                         f"spaces), got {host[:80]!r}")
+    incarnation = _incarnation_id(body)
     error, epoch = await c.register_broker(node_id, host, port, incarnation)
     return {"error": int(error), "broker_epoch": epoch}
+
+
+MAX_INCARNATION_ID_LENGTH = 64
+
+
+def _incarnation_id(body: dict[str, Any]) -> str:
+    """1-64 printable ASCII characters (a broker sends a UUID, 36): it is journalled with every registration.
+    Required, as Kafka's: registrations without one (or with "") would all be one incarnation, and two
+    processes configured with one node id would take the registration from each other."""
+    value = field(body, "incarnation_id", str)
+    if not 1 <= len(value) <= MAX_INCARNATION_ID_LENGTH or not value.isascii() or not value.isprintable():
+        raise BadRequest(f"field 'incarnation_id' must be 1-{MAX_INCARNATION_ID_LENGTH} printable ASCII "
+                         f"characters, got {value[:80]!r}" + (f" ({len(value)} characters)" if len(value) > 80 else ""))
+    return value
 
 
 async def broker_heartbeat(c: Controller, body: dict[str, Any]) -> dict[str, Any]:
@@ -142,16 +154,34 @@ async def alter_partition(c: Controller, body: dict[str, Any]) -> dict[str, Any]
 
 
 async def create_topics(c: Controller, body: dict[str, Any]) -> dict[str, Any]:
-    topics = [ops.NewTopic(t.get("name"), t.get("num_partitions"), t.get("replication_factor"),
-                           t.get("configs") or {})
+    # configs as sent: nil (or left out) is no configs; anything but a map is INVALID_CONFIG for that topic
+    # (ops._check_topic), never read as {} (``[]`` and ``False`` were)
+    topics = [ops.NewTopic(t.get("name"), t.get("num_partitions"), t.get("replication_factor"), t.get("configs"))
               for t in map_items(list_field(body, "topics"), "topics")]
     results = await c.create_topics(topics)
-    return {"topics": [{"name": r.name, "error": int(r.error), "error_message": r.message} for r in results]}
+    return {"topics": [_topic_result(r) for r in results]}
+
+
+def _topic_result(r: ops.TopicResult) -> dict[str, Any]:
+    return {"name": r.name, "error": int(r.error), "error_message": r.message}
 
 
 async def delete_topics(c: Controller, body: dict[str, Any]) -> dict[str, Any]:
-    results = await c.delete_topics(list_field(body, "topics"))
-    return {"topics": [{"name": r.name, "error": int(r.error), "error_message": r.message} for r in results]}
+    """A name listed more than once is not deleted and is answered INVALID_REQUEST, once (Kafka's
+    ControllerApis.deleteTopics: "Duplicate topic name."); the other names are deleted as asked."""
+    names = list_field(body, "topics")
+    duplicated = {n for n, k in Counter(n for n in names if isinstance(n, str)).items() if k > 1}
+    results = iter(await c.delete_topics([n for n in names if not (isinstance(n, str) and n in duplicated)]))
+    answered: set[str] = set()
+    out = []
+    for name in names:
+        if not (isinstance(name, str) and name in duplicated):
+            out.append(_topic_result(next(results)))
+        elif name not in answered:
+            answered.add(name)
+            out.append(_topic_result(ops.TopicResult(name, ErrorCode.INVALID_REQUEST,
+                                                     f"topic {name!r} is listed more than once: not deleted")))
+    return {"topics": out}
 
 
 async def metadata(c: Controller, body: dict[str, Any]) -> dict[str, Any]:

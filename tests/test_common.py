@@ -9,7 +9,7 @@ import pytest
 
 from common.config import ConfigError, broker_config, controller_config, parse_assignments, validate_topic_configs
 from common.errors import ErrorCode, error_for
-from common.wire import BadRequest, decode, decode_body, encode, int_field
+from common.wire import MAX_INT64, MIN_INT64, BadRequest, decode, decode_body, encode, host_field, int_field
 
 
 def test_error_codes_keep_kafka_numbers_and_retriable_flags() -> None:
@@ -222,3 +222,29 @@ def test_message_timestamp_type_is_one_of_kafkas_two_names() -> None:
             validate_topic_configs({"message.timestamp.type": bad})
     with pytest.raises(ConfigError, match=r"log\.message\.timestamp\.type: expected one of"):
         broker_config({"log.message.timestamp.type": "Append"})
+
+
+def test_int64_fields_take_the_whole_int64_range() -> None:
+    # the default lower bound was -(2**63 - 1): -2**63, a valid int64 (Java's Long.MIN_VALUE), was a 400
+    assert MIN_INT64 == -(2**63)
+    assert int_field({"x": -(2**63)}, "x") == -(2**63)
+    assert int_field({"x": MAX_INT64}, "x") == MAX_INT64
+    for beyond in (-(2**63) - 1, 2**63):
+        with pytest.raises(BadRequest, match=r"field 'x' out of range \[-9223372036854775808, 9223372036854775807\]"):
+            int_field({"x": beyond}, "x")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "broker-1", "kafka_1.internal", "::1", "[::1]",
+                                  "fe80::1:2", "[2001:db8::ffff:10.0.0.1]", "h" * 255])
+def test_host_fields_take_host_names_and_ip_addresses(host: str) -> None:
+    assert host_field({"host": host}) == host
+
+
+@pytest.mark.parametrize("host", ["", "x y", "a/b", "user@h", "h#x", "h?x", "h%25", "h\n", "h\u00e9", "[::1",
+                                  "::1]", "a]b", "[[::1]]", "h" * 256])
+def test_host_fields_refuse_what_no_host_name_or_address_contains(host: str) -> None:
+    # '/', '@', '#', '?' passed as "printable ASCII" and made every later URL to that host fail
+    with pytest.raises(BadRequest, match=r"field 'host' must be a host name or IP address .*, got "):
+        host_field({"host": host})
+    with pytest.raises(BadRequest, match="field 'host' must be str"):
+        host_field({"host": 5})

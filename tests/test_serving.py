@@ -6,16 +6,21 @@ that they go on sending while the test blocks the event loop."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
 import time
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from aiohttp import web
 
-from broker.server import low_level_server
+from broker.metrics import BrokerMetrics
+from broker.server import _endpoint, low_level_server
 from common import serving
+from controller.server import CONTROLLER_KEY, _guard
 
 IDLE_S = 0.3
 
@@ -80,3 +85,81 @@ async def test_a_body_that_came_while_the_event_loop_stalled_is_read(port: int) 
     # as the deadline's timer: it was answered 408 though the whole body was in
     answer = await _answer(port, 20, [(0, b"x" * 10), (0.25, b"y" * 10)], block_loop_s=0.5)
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"ok 20"), answer
+
+
+# Both servers' guards around read_body: a body aiohttp cannot decode, or a client gone mid-body, reached them
+# as aiohttp's RequestPayloadError or ConnectionResetError: answered error -1 and logged as an error with a
+# traceback (and aiohttp read the broken body again after the answer: "Unhandled exception").
+
+async def _answered(rm: Any, body: dict[str, Any]) -> dict[str, Any]:
+    return {"error": 0}
+
+
+@pytest.fixture(params=["broker", "controller"])
+async def guarded_port(request: pytest.FixtureRequest) -> AsyncIterator[int]:
+    if request.param == "broker":
+        rm: Any = SimpleNamespace(metrics=BrokerMetrics(), broker_id=1)  # all the guard reads of a replica manager
+        runner: web.BaseRunner = web.ServerRunner(low_level_server(_endpoint(rm, "metadata", _answered)),
+                                                  handle_signals=False)
+    else:
+        app = web.Application()
+        app[CONTROLLER_KEY] = cast(Any, None)  # never reached: the body is not read
+        app.router.add_post("/x", _guard("metadata", _answered))
+        runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
+
+
+def _exchange(port: int, request: bytes, answer: list[bytes], *, hang_up: bool = False) -> None:
+    """``request`` as it is; the answer read to EOF (the server closes the connection), or none at all."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request)
+        if hang_up:
+            return
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+        answer.append(got)
+
+
+def _errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+
+
+async def test_a_body_that_is_not_the_gzip_it_claims_is_400_and_closes_the_connection(
+        guarded_port: int, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    body = b"not gzip at all"
+    request = (b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%s"
+               % (len(body), body))
+    following = b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n"  # never parsed: the parser is in error
+    answer: list[bytes] = []
+    await asyncio.to_thread(_exchange, guarded_port, request + following, answer)
+    head, _, text = answer[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), answer
+    assert text == (b"metadata: the request body cannot be read after 0 bytes: Can not decode content-encoding: gzip; "
+                    b"the connection is closed"), answer
+    assert b"HTTP/1.1" not in text  # one answer, then the connection closed (not left hanging)
+    await asyncio.sleep(0.1)  # what aiohttp does after the answer
+    assert _errors(caplog) == []
+
+
+async def test_a_client_that_hangs_up_mid_body_is_logged_at_info(guarded_port: int,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    request = b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 100\r\n\r\n" + b"x" * 10
+    await asyncio.to_thread(_exchange, guarded_port, request, [], hang_up=True)
+    deadline = time.monotonic() + 10
+    while not any(r.getMessage().startswith("request_body_lost ") for r in caplog.records):
+        assert time.monotonic() < deadline, "no request_body_lost event"
+        await asyncio.sleep(0.02)
+    [lost] = [r for r in caplog.records if r.getMessage().startswith("request_body_lost ")]
+    assert lost.levelno == logging.INFO and lost.exc_info is None
+    assert "bytes_read=10" in lost.getMessage() and "Connection lost" in lost.getMessage()
+    await asyncio.sleep(0.1)
+    assert _errors(caplog) == []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -467,6 +469,91 @@ async def test_a_registration_with_a_host_no_url_can_carry_is_400(h: Harness, ho
             data=encode({"node_id": 1, "host": host, "port": 9000, "incarnation_id": "x"})) as resp:
         assert resp.status == 400 and "field 'host'" in await resp.text()
     assert h.c.image.brokers == {}
+
+
+async def _post(h: Harness, api: str, body: Any, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    async with aiohttp.ClientSession() as session, session.post(
+            f"http://{h.address}/v1/{api}", data=io.BytesIO(body if isinstance(body, bytes) else encode(body)),
+            headers={"Content-Type": CONTENT_TYPE, **(headers or {})}) as resp:
+        return resp.status, await resp.read()
+
+
+@pytest.mark.parametrize("host", ["a/b", "user@h", "h#frag", "h?q", "h%2f", "h\\x", "[::1", "a]b"])
+async def test_a_registration_with_a_host_a_url_would_misread_is_400(h: Harness, host: str) -> None:
+    """'/', '@', '#', '?' passed as printable ASCII, and every later request to the broker failed."""
+    status, text = await _post(h, "broker_registration", {"node_id": 1, "host": host, "port": 9000,
+                                                          "incarnation_id": "x"})
+    assert status == 400 and b"field 'host' must be a host name or IP address" in text, text
+    assert h.c.image.brokers == {}
+
+
+@pytest.mark.parametrize("host", ["broker-1", "kafka_1.example.com", "10.0.0.7", "::1", "[::1]", "[fe80::1]"])
+async def test_a_registration_takes_host_names_and_ip_addresses(h: Harness, host: str) -> None:
+    resp = await h.call("broker_registration", {"node_id": 1, "host": host, "port": 9000, "incarnation_id": "x"})
+    assert resp["error"] == 0 and h.c.image.brokers[1].host == host
+
+
+@pytest.mark.parametrize("incarnation", ["", "i" * 65, "x" * (15 << 20), "a\nb", "\u00e9t\u00e9", 7, None])
+async def test_a_registration_with_an_incarnation_id_no_broker_sends_is_400(h: Harness, incarnation: Any) -> None:
+    """15 MB was accepted, and journalled with each registration; "" would make every registration without an
+    id the same incarnation (DUPLICATE_BROKER_REGISTRATION could not tell two processes apart)."""
+    status, text = await _post(h, "broker_registration", {"node_id": 1, "host": "127.0.0.1", "port": 9000,
+                                                          "incarnation_id": incarnation})
+    assert status == 400 and b"field 'incarnation_id'" in text and len(text) < 300, text
+    status, text = await _post(h, "broker_registration", {"node_id": 1, "host": "127.0.0.1", "port": 9000})
+    assert status == 400 and b"missing field 'incarnation_id'" in text, text
+    assert h.c.image.brokers == {}
+
+
+async def test_a_registration_takes_the_incarnation_ids_brokers_send(h: Harness) -> None:
+    # broker/controller_link.py: str(uuid.uuid4()); tests/cli/fake_processes.py: the pid
+    for node_id, incarnation in enumerate((str(uuid.uuid4()), "4242", "i" * 64, "~ !"), 1):
+        resp = await h.call("broker_registration", {"node_id": node_id, "host": "127.0.0.1", "port": 9000,
+                                                    "incarnation_id": incarnation})
+        assert resp["error"] == 0 and h.c.image.brokers[node_id].incarnation_id == incarnation
+
+
+async def test_delete_topics_naming_a_topic_twice_deletes_it_not_and_says_so(h: Harness) -> None:
+    """Kafka's ControllerApis.deleteTopics: a name listed twice is INVALID_REQUEST ("Duplicate topic name"),
+    once, and not deleted; the rest of the request is served. It was answered success twice."""
+    await h.add_broker(1)
+    for name in ("t", "u"):
+        assert await h.create(name, 1, 1) == 0
+    resp = await h.call("delete_topics", {"topics": ["t", "u", "t", "nope", 5, "t"]})
+    assert [(t["name"], t["error"]) for t in resp["topics"]] == [
+        ("t", ErrorCode.INVALID_REQUEST), ("u", 0), ("nope", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+        ("5", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)]
+    assert "listed more than once" in resp["topics"][0]["error_message"]
+    assert set(h.c.image.topics) == {"t"}
+    resp = await h.call("delete_topics", {"topics": ["t", "t"]})
+    assert [(t["name"], t["error"]) for t in resp["topics"]] == [("t", ErrorCode.INVALID_REQUEST)]
+    assert set(h.c.image.topics) == {"t"}
+
+
+@pytest.mark.parametrize("configs", [[], False, 0, "", [["retention.ms", "1"]]])
+async def test_create_topics_with_configs_that_are_not_a_map_is_invalid_config(h: Harness, configs: Any) -> None:
+    """``[]`` and ``False`` were read as no configs."""
+    await h.add_broker(1)
+    resp = await h.call("create_topics", {"topics": [{"name": "t", "num_partitions": 1, "replication_factor": 1,
+                                                      "configs": configs}]})
+    assert resp["topics"] == [{"name": "t", "error": ErrorCode.INVALID_CONFIG,
+                               "error_message": "configs must be a map"}]
+    assert h.c.image.topics == {}
+    for no_configs in ({"configs": None}, {}):  # nil, or left out: no configs
+        resp = await h.call("create_topics", {"topics": [{"name": "t", "num_partitions": 1, "replication_factor": 1,
+                                                          **no_configs}]})
+        assert resp["topics"][0]["error"] in (0, ErrorCode.TOPIC_ALREADY_EXISTS)
+    assert h.c.image.topics == {"t": {}}
+
+
+async def test_a_body_that_is_not_the_gzip_it_claims_is_400(h: Harness, caplog: pytest.LogCaptureFixture) -> None:
+    """aiohttp's RequestPayloadError was answered UNKNOWN_SERVER_ERROR and logged as an error, twice."""
+    status, text = await _post(h, "create_topics", b"not gzip", {"Content-Encoding": "gzip"})
+    assert status == 400 and text.startswith(b"create_topics: the request body cannot be read"), text
+    assert b"Can not decode content-encoding: gzip" in text
+    await asyncio.sleep(0.1)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert (await h.call("metadata", {}))["brokers"] == []  # still serving
 
 
 async def allocate(h: Harness, node_id: int, epoch: int | None = None) -> dict[str, Any]:
