@@ -48,7 +48,7 @@ from common.digits import parse_digits
 from common.fsutil import DirLockedError, lock_dir
 from common.hostport import split_host_port
 from common.logging import get_logger
-from common.wire import MAX_INT32
+from common.wire import HOST_RULE, MAX_INT32, is_host
 from storage.checkpoint import read_properties, write_atomic
 
 log = get_logger("broker")
@@ -88,9 +88,12 @@ class BrokerOptions:
 def parse_host_port(text: str, what: str, *, allow_port_zero: bool) -> tuple[str, int]:
     """``HOST:PORT`` of flag ``what``; ``DataDirError`` (one line, naming the flag) when it is not one."""
     try:
-        return split_host_port(text, allow_port_zero=allow_port_zero)
+        host, port = split_host_port(text, allow_port_zero=allow_port_zero)
     except ValueError as exc:
         raise DataDirError(f"{what}: {exc}") from None
+    if not is_host(host):  # the controller would refuse the registration, and the broker retry it for ever
+        raise DataDirError(f"{what}: the host must be a host name or IP address ({HOST_RULE}), got {host!r}")
+    return host, port
 
 
 def _shown(text: str, limit: int = 40) -> str:

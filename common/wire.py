@@ -94,18 +94,25 @@ def int_field(body: Mapping[str, Any], name: str, default: Any = _MISSING, *,
 
 MAX_HOST_LENGTH = 255
 # what a host name or an IP address can contain: a DNS name or IPv4 address ("broker-1", "10.0.0.7"), an IPv6
-# address bare or in brackets ("::1", "[::1]"); '_' as hosts in containers are often named
-_HOST_RE = re.compile(r"[A-Za-z0-9._:-]+|\[[A-Za-z0-9._:-]+\]")
+# address bare or in brackets ("::1", "[::1]"), with a zone ("fe80::1%eth0"); '_' as hosts in containers are
+# often named
+_HOST_RE = re.compile(r"[A-Za-z0-9._:-]+(%[A-Za-z0-9._-]+)?|\[[A-Za-z0-9._:-]+(%[A-Za-z0-9._-]+)?\]")
+HOST_RULE = (f"1-{MAX_HOST_LENGTH} characters: ASCII letters, digits, '-', '.', '_', ':', an IPv6 address "
+             "optionally in [brackets] and with a %zone")
+
+
+def is_host(host: str) -> bool:
+    """A host name or IP address (``HOST_RULE``). It becomes part of every URL others build to reach that host,
+    so a character such as '/', '@', '#', '?' or a space would make every request to it fail (or go elsewhere)."""
+    return (len(host) <= MAX_HOST_LENGTH and _HOST_RE.fullmatch(host) is not None
+            and ("%" not in host or ":" in host))  # a zone only on an IPv6 address
 
 
 def host_field(body: Mapping[str, Any], name: str = "host") -> str:
-    """A host name or IP address. It becomes part of every URL others build to reach that host, so a
-    character such as '/', '@', '#', '?' or a space would make every request to it fail (or go elsewhere)."""
+    """A host name or IP address (``is_host``)."""
     host = field(body, name, str)
-    if len(host) > MAX_HOST_LENGTH or not _HOST_RE.fullmatch(host):
-        raise BadRequest(f"field {name!r} must be a host name or IP address (1-{MAX_HOST_LENGTH} characters: "
-                         f"ASCII letters, digits, '-', '.', '_', ':', an IPv6 address optionally in [brackets]), "
-                         f"got {host[:80]!r}")
+    if not is_host(host):
+        raise BadRequest(f"field {name!r} must be a host name or IP address ({HOST_RULE}), got {host[:80]!r}")
     return host
 
 

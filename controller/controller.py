@@ -193,6 +193,10 @@ class Controller:
             if cancelled:
                 raise asyncio.CancelledError from None
             raise
+        except BaseException:  # a bug: still never a cancel lost (Controller.close would wait for good)
+            if cancelled:
+                raise asyncio.CancelledError from None
+            raise
         for rec in plan.records:
             self.image.apply(rec)
         self.metrics.journal_records.inc(len(plan.records))
@@ -214,6 +218,10 @@ class Controller:
                 if cancelled:
                     raise asyncio.CancelledError from None
                 return
+            except BaseException:
+                if cancelled:
+                    raise asyncio.CancelledError from None
+                raise
             if failed is None:
                 log.info("metadata_snapshot_written", journal_offset=journal.offset)
             else:

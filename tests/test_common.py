@@ -235,13 +235,14 @@ def test_int64_fields_take_the_whole_int64_range() -> None:
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "broker-1", "kafka_1.internal", "::1", "[::1]",
-                                  "fe80::1:2", "[2001:db8::ffff:10.0.0.1]", "h" * 255])
+                                  "fe80::1:2", "[2001:db8::ffff:10.0.0.1]", "h" * 255,
+                                  "fe80::1%eth0", "[fe80::1%eth0]"])  # a link-local address with its zone
 def test_host_fields_take_host_names_and_ip_addresses(host: str) -> None:
     assert host_field({"host": host}) == host
 
 
-@pytest.mark.parametrize("host", ["", "x y", "a/b", "user@h", "h#x", "h?x", "h%25", "h\n", "h\u00e9", "[::1",
-                                  "::1]", "a]b", "[[::1]]", "h" * 256])
+@pytest.mark.parametrize("host", ["", "x y", "a/b", "user@h", "h#x", "h?x", "h%25", "h%eth0", "fe80::1%", "h\n",
+                                  "h\u00e9", "[::1", "::1]", "a]b", "[[::1]]", "h" * 256])
 def test_host_fields_refuse_what_no_host_name_or_address_contains(host: str) -> None:
     # '/', '@', '#', '?' passed as "printable ASCII" and made every later URL to that host fail
     with pytest.raises(BadRequest, match=r"field 'host' must be a host name or IP address .*, got "):

@@ -67,6 +67,18 @@ def test_other_bad_addresses(tmp_path: Path, flag: str, value: str, message: str
     assert not d.exists()
 
 
+@pytest.mark.parametrize(("flag", "value"), [("--advertise", "a+b:9092"), ("--advertise", "h/x:9092"),
+                                             ("--listen", "a@b:0")])
+def test_a_host_the_controller_would_refuse_is_refused_at_start(tmp_path: Path, flag: str, value: str) -> None:
+    # it started, served, and retried its registration for ever (HTTP 400 each time; found by a review)
+    d = tmp_path / "b"
+    r = broker(d, flag, value) if flag == "--advertise" else broker(d, listen=value)
+    host = value.rsplit(":", 1)[0]
+    assert_one_line(r, f"{flag}: the host must be a host name or IP address (")
+    assert f"got {host!r}" in r.stderr
+    assert not d.exists()
+
+
 @pytest.mark.parametrize(("node_id", "message"), [
     ("2147483648", "--node-id must be at most 2147483647, got 2147483648"),
     (str(2**40), "--node-id must be at most 2147483647, got 1099511627776"),
