@@ -967,6 +967,15 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
     cs = p.add_subparsers(dest="cluster_command", metavar="ACTION")
     p.set_defaults(func=lambda _a: (p.print_help(sys.stderr), 2)[1])
 
+    def member_arg(q: argparse.ArgumentParser) -> None:
+        q.add_argument("id", metavar="ID", help="broker id or 'controller'")
+
+    def wait_args(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--no-wait", dest="wait", action="store_false", help="do not wait for broker registration")
+        q.add_argument("--timeout", type=positive_float("--timeout"), default=60.0,
+                       help="seconds to wait for the broker to register, or for the controller to answer "
+                            "(default 60)")
+
     def data_dir_arg(q: argparse.ArgumentParser) -> None:
         q.add_argument("--data-dir", default=None,
                        help="cluster directory (default: $MINIBROKER_DATA_DIR or ./minibroker-data)")
@@ -1010,7 +1019,7 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
                                   "leaderships away: controlled shutdown), wait until it has exited, SIGKILL "
                                   "after --timeout. For a rolling restart: stop, start, next broker.")
     data_dir_arg(q)
-    q.add_argument("id", metavar="ID", help="broker id or 'controller'")
+    member_arg(q)
     q.add_argument("--timeout", type=non_negative_float("--timeout"), default=40.0,
                    help="seconds before SIGKILL (default 40, above controlled.shutdown.max.wait.ms)")
     q.set_defaults(func=cmd_stop)
@@ -1019,19 +1028,17 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
                       description="`cluster stop` then `cluster start` of one member (if it is not running, "
                                   "only the start).")
     data_dir_arg(q)
-    q.add_argument("id", metavar="ID", help="broker id or 'controller'")
+    member_arg(q)
     q.add_argument("--stop-timeout", type=non_negative_float("--stop-timeout"), default=40.0,
                    help="seconds before SIGKILL when stopping (default 40)")
-    q.add_argument("--no-wait", dest="wait", action="store_false", help="do not wait for broker registration")
-    q.add_argument("--timeout", type=positive_float("--timeout"), default=60.0,
-                   help="seconds to wait for the broker to register, or for the controller to answer (default 60)")
+    wait_args(q)
     q.set_defaults(func=cmd_restart)
 
     q = cs.add_parser("kill", help="send a signal to one member",
                       description="Send a signal to one member of the local cluster and return at once, for "
                                   "chaos testing (to stop one and wait for it: `cluster stop`).")
     data_dir_arg(q)
-    q.add_argument("id", metavar="ID", help="broker id or 'controller'")
+    member_arg(q)
     q.add_argument("--signal", default="KILL", type=str.upper, choices=sorted(SIGNALS),
                    help="signal name, case-insensitive (default KILL)")
     q.set_defaults(func=cmd_kill)
@@ -1041,8 +1048,6 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
                                   "and wait until it is registered (the controller: until it answers) unless "
                                   "--no-wait.")
     data_dir_arg(q)
-    q.add_argument("id", metavar="ID", help="broker id or 'controller'")
-    q.add_argument("--no-wait", dest="wait", action="store_false", help="do not wait for broker registration")
-    q.add_argument("--timeout", type=positive_float("--timeout"), default=60.0,
-                   help="seconds to wait for the broker to register, or for the controller to answer (default 60)")
+    member_arg(q)
+    wait_args(q)
     q.set_defaults(func=cmd_start)

@@ -6,6 +6,7 @@ that they go on sending while the test blocks the event loop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import threading
@@ -33,9 +34,9 @@ async def _handler(request: web.BaseRequest) -> web.StreamResponse:
     return web.Response(text=f"ok {len(body)}")
 
 
-@pytest.fixture
-async def port() -> AsyncIterator[int]:
-    runner = web.ServerRunner(low_level_server(_handler, keepalive_timeout=IDLE_S), handle_signals=False)
+@contextlib.asynccontextmanager
+async def _serving(runner: web.BaseRunner) -> AsyncIterator[int]:
+    """``runner`` set up and listening on 127.0.0.1; its port, cleaned up after."""
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -43,6 +44,13 @@ async def port() -> AsyncIterator[int]:
         yield runner.addresses[0][1]
     finally:
         await runner.cleanup()
+
+
+@pytest.fixture
+async def port() -> AsyncIterator[int]:
+    async with _serving(web.ServerRunner(low_level_server(_handler, keepalive_timeout=IDLE_S),
+                                         handle_signals=False)) as bound:
+        yield bound
 
 
 def _post(port: int, length: int, pieces: list[tuple[float, bytes]], answer: list[bytes]) -> None:
@@ -106,13 +114,8 @@ async def guarded_port(request: pytest.FixtureRequest) -> AsyncIterator[int]:
         app[CONTROLLER_KEY] = cast(Any, None)  # never reached: the body is not read
         app.router.add_post("/x", _guard("metadata", _answered))
         runner = web.AppRunner(app, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield runner.addresses[0][1]
-    finally:
-        await runner.cleanup()
+    async with _serving(runner) as bound:
+        yield bound
 
 
 def _exchange(port: int, request: bytes, answer: list[bytes], *, hang_up: bool = False) -> None:
