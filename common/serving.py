@@ -16,13 +16,39 @@ descriptors; a broker then failed to open a segment file and halted for a data d
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from common.logging import get_logger
 from common.wire import BadRequest
 
 log = get_logger("common.serving")
+
+
+class _ClientFaultsAtInfo(logging.Filter):
+    """A request aiohttp's parser refuses (a bad request line or header, a header line too long, a broken chunked
+    encoding) is answered HTTP 400 before any handler runs, and aiohttp logs it as "Error handling request" at
+    ERROR with a traceback. That is the client's fault, not this process's: one line at INFO, with what was
+    wrong, as our handlers log the 400s they give. Errors of 500 and up keep their level and traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and 400 <= exc.code < 500:
+            # aiohttp's message shows the offending bytes on their own line, then a caret line under them
+            reason = " ".join(line.strip() for line in (exc.message or "").splitlines() if line.strip(" ^"))
+            reason = reason[:200] or type(exc).__name__
+            record.msg = f"bad_http_request: {record.getMessage()}: HTTP {exc.code}, {reason}"
+            record.args = None
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+# Both our servers (broker.server, controller.server) import this module; aiohttp logs through this logger.
+_CLIENT_FAULTS_AT_INFO = _ClientFaultsAtInfo()
+logging.getLogger("aiohttp.server").addFilter(_CLIENT_FAULTS_AT_INFO)
 
 
 class BodyStalled(Exception):

@@ -166,3 +166,51 @@ async def test_a_client_that_hangs_up_mid_body_is_logged_at_info(guarded_port: i
     assert "bytes_read=10" in lost.getMessage() and "Connection lost" in lost.getMessage()
     await asyncio.sleep(0.1)
     assert _errors(caplog) == []
+
+
+# Requests aiohttp's parser refuses are answered 400 before any handler runs; aiohttp logged each as "Error
+# handling request" at ERROR with a traceback. They are the client's fault: one line at INFO saying what was wrong.
+_REFUSED_BY_THE_PARSER = {
+    "broken chunked encoding": (b"POST /x HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                b"zz\r\nabc\r\n0\r\n\r\n", "Invalid character in chunk size"),
+    "bad HTTP version": (b"POST /x HTTP/9.9.9\r\nHost: h\r\n\r\n", "Invalid HTTP version"),
+    "header without a colon": (b"POST /x HTTP/1.1\r\nHost h\r\nContent-Length: 3\r\n\r\nabc", "Invalid header token"),
+    "header line too long": (b"POST /x HTTP/1.1\r\nHost: h\r\nX: " + b"a" * 20000 + b"\r\nContent-Length: 0\r\n\r\n",
+                             "Got more than 8190 bytes"),
+    "negative Content-Length": (b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: -3\r\n\r\nabc",
+                                "Invalid character in Content-Length"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_REFUSED_BY_THE_PARSER))
+async def test_a_request_the_http_parser_refuses_is_400_logged_at_info(
+        guarded_port: int, caplog: pytest.LogCaptureFixture, case: str) -> None:
+    caplog.set_level(logging.INFO)
+    request, reason = _REFUSED_BY_THE_PARSER[case]
+    answer: list[bytes] = []
+    await asyncio.to_thread(_exchange, guarded_port, request, answer)
+    assert b" 400 Bad Request\r\n" in answer[0], answer
+    deadline = time.monotonic() + 10
+    while not (logged := [r for r in caplog.records if r.getMessage().startswith("bad_http_request: ")]):
+        assert time.monotonic() < deadline, "no bad_http_request line"
+        await asyncio.sleep(0.02)
+    [line] = logged
+    assert line.name == "aiohttp.server" and line.levelno == logging.INFO and line.exc_info is None
+    assert "from 127.0.0.1: HTTP 400, " in line.getMessage() and reason in line.getMessage(), line.getMessage()
+    assert "\n" not in line.getMessage() and len(line.getMessage()) < 300
+    assert _errors(caplog) == []
+
+
+def test_a_server_error_keeps_its_level_and_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    from aiohttp.http_exceptions import HttpProcessingError
+
+    server_log = logging.getLogger("aiohttp.server")
+    for exc in (RuntimeError("boom"), HttpProcessingError(code=500, message="server side")):
+        caplog.clear()
+        try:
+            raise exc
+        except Exception as raised:
+            server_log.exception("Error handling request from %s", "127.0.0.1", exc_info=raised)
+        [record] = caplog.records
+        assert record.levelno == logging.ERROR and record.exc_info is not None
+        assert record.getMessage() == "Error handling request from 127.0.0.1"
