@@ -175,7 +175,7 @@ def parse_list_offsets(body: Mapping[str, Any]) -> tuple[int, dict[TopicPartitio
     replica_id = int_field(body, "replica_id", -1, lo=-1, hi=MAX_INT32)
     parts = {
         tp: ListOffsetsPartition(int_field(p, "current_leader_epoch", -1, lo=-1, hi=MAX_INT32),
-                                 int_field(p, "timestamp", lo=-2))
+                                 int_field(p, "timestamp", lo=-3))  # -3: MAX_TIMESTAMP (KIP-734)
         for tp, p in _topic_partitions(body)
     }
     return replica_id, parts

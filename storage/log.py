@@ -107,6 +107,7 @@ _MAX_PARTITION = 2**31 - 1  # an int32, as Kafka's partition ids
 _NEVER_MS = 2**63 - 1  # flush.ms default: no time-based flush
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
+MAX_TIMESTAMP = -3  # KIP-734: the record carrying the largest timestamp
 
 _HEADER_FIELDS = struct.Struct(">qiibIhiqqqhii")
 _STAMP_PREFIX = struct.Struct(">qii")  # base_offset, batch_length, partition_leader_epoch: bytes [0, 16)
@@ -711,8 +712,11 @@ class Log:
         return EMPTY_FETCH
 
     def fetch_offset_by_timestamp(self, ts: int) -> TimestampOffset | None:
-        """First record with timestamp >= ts at or after the log start; -1 latest, -2 earliest."""
+        """First record with timestamp >= ts at or after the log start; -1 latest, -2 earliest, -3 the first
+        record carrying the largest timestamp (see ``_max_timestamp_offset``)."""
         self._check_usable()
+        if ts == MAX_TIMESTAMP:
+            return self._max_timestamp_offset()
         if ts == LATEST_TIMESTAMP:
             latest = self.latest_epoch()
             return TimestampOffset(-1, self.log_end_offset, -1 if latest is None else latest)
@@ -729,6 +733,24 @@ class Log:
             if found is not None:
                 return TimestampOffset(*found)
         return None
+
+    def _max_timestamp_offset(self) -> TimestampOffset | None:
+        """Kafka's ListOffsets MAX_TIMESTAMP (KIP-734, ``UnifiedLog.fetchOffsetByTimestamp``): the segment with
+        the largest timestamp (the first of equals), and in it the first record carrying that timestamp; None
+        for an empty log. Kafka looks at whole segments; here batches below the log start are left out, as in
+        the lookups by time, so that the answer is never an offset a consumer cannot read."""
+        best: tuple[int, LogSegment] | None = None
+        try:
+            for seg in self.segments:
+                if seg.next_offset <= self.log_start_offset:
+                    continue
+                top = seg.max_timestamp_from(self.log_start_offset)
+                if top is not None and (best is None or top > best[0]):
+                    best = top, seg
+            found = best[1].find_timestamp(best[0], self.log_start_offset) if best is not None else None
+        except OSError as exc:
+            self._fail(exc)
+        return TimestampOffset(*found) if found is not None else None
 
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
         return self.epoch_cache.end_offset_for(epoch, self.log_end_offset)

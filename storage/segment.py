@@ -367,6 +367,16 @@ class LogSegment:
             return b""
         return region if first == 0 and end == len(region) else region[first:end]
 
+    def max_timestamp_from(self, min_offset: int) -> int | None:
+        """The largest batch max_timestamp among the batches holding offsets at or after ``min_offset``; None
+        when there are none. The running maximum when the whole segment counts, else a scan of the headers."""
+        if min_offset <= self.base_offset:
+            return self.rule.max_timestamp if self.size else None
+        found = self.position_of(min_offset)
+        if found is None:
+            return None
+        return max(h.max_timestamp for _, h in self.scan(found[0]))
+
     def find_timestamp(self, ts: int, min_offset: int = 0) -> tuple[int, int, int] | None:
         """(timestamp, offset, leader_epoch) of the first record at or after ``min_offset`` with timestamp >= ts."""
         i = self.times.floor(ts - 1)

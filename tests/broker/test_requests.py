@@ -273,6 +273,26 @@ async def test_list_offsets_while_a_new_leaders_hw_lags_its_epoch_start(
     assert (await lo(500))["offset"] == 0
 
 
+async def test_list_offsets_max_timestamp(start_broker: StartBroker, controller: FakeController,
+                                          rpc: RpcClient) -> None:
+    """Timestamp -3 (KIP-734): the first record carrying the largest timestamp, with that timestamp and its
+    batch's epoch; for a consumer only once it is below the HW, as any lookup by time (a follower sees it
+    at once)."""
+    b = await start_broker()
+    await controller.elect(TP, leader=1, replicas=[1, 2])
+    for ts in (1000, 5000, 3000):
+        await rpc.call(b.address, "produce", produce_body(batch(2, ts=ts)))  # acks=1: the HW stays 0
+
+    async def lo(replica_id: int = -1) -> dict[str, Any]:
+        return part(await rpc.call(b.address, "list_offsets", {"replica_id": replica_id, "topics": [
+            {"topic": TP.topic, "partitions": [{"partition": 0, "timestamp": -3}]}]}))
+
+    assert await lo() == {"partition": 0, "error": 0, "timestamp": -1, "offset": -1, "leader_epoch": -1}
+    assert await lo(replica_id=2) == {"partition": 0, "error": 0, "timestamp": 5000, "offset": 2, "leader_epoch": 0}
+    await rpc.call(b.address, "fetch", fetch_body(4, replica_id=2, broker_epoch=1))  # the HW reaches 4
+    assert await lo() == {"partition": 0, "error": 0, "timestamp": 5000, "offset": 2, "leader_epoch": 0}
+
+
 async def test_diverging_epoch_for_follower(start_broker: StartBroker, controller: FakeController,
                                             rpc: RpcClient) -> None:
     b = await start_broker()
@@ -397,6 +417,7 @@ BAD_BODIES: list[tuple[str, bytes]] = [
     ("fetch", encode({"max_bytes": -1, "topics": []})),
     ("fetch", encode({"max_wait_ms": 10**12, "topics": []})),
     ("list_offsets", encode({"topics": [{"topic": 5, "partitions": []}]})),
+    ("list_offsets", encode({"topics": [{"topic": "t", "partitions": [{"partition": 0, "timestamp": -4}]}]})),
     ("leader_and_isr", encode({"controller_id": 1, "controller_epoch": 9, "partition_states": [{"topic": "t"}]})),
     ("stop_replica", encode({"controller_id": 1, "controller_epoch": 9})),
     ("metadata", encode({"topics": "t"})),

@@ -11,6 +11,7 @@ from common.clock import ManualClock
 from common.wire import TopicPartition
 from storage import record_batch as rb
 from storage.log import (
+    MAX_TIMESTAMP,
     Log,
     LogConfig,
     OffsetMismatchError,
@@ -627,6 +628,50 @@ def test_read_never_returns_a_batch_crossing_max_offset(pdir: Path) -> None:
     for start in range(5):
         assert log.read(start, 1 << 20, max_offset=4).records == b""
     assert log.read(0, 1 << 20, max_offset=5).first_offset == 0
+    log.close()
+
+
+def test_max_timestamp_is_the_first_record_carrying_the_largest_timestamp(pdir: Path) -> None:
+    log = open_log(pdir, segment_bytes=300, index_interval_bytes=50)
+    assert log.fetch_offset_by_timestamp(MAX_TIMESTAMP) is None  # an empty log
+    # timestamps out of order across batches and segments: the largest, TS + 500, twice (offsets 7 and 12)
+    for ts in (TS, TS + 100, TS + 498, TS + 50, TS + 499, TS + 7, TS + 1):
+        log.append_as_leader(batch(2, ts=ts, size=60), 1)  # records at ts and ts + 1
+    assert len(log.segments) > 2
+    assert log.fetch_offset_by_timestamp(MAX_TIMESTAMP) == TimestampOffset(TS + 500, 9, 1)
+    log.append_as_leader(batch(3, ts=TS + 498, size=60), 2)  # offsets 14-16 at TS + 498..500: not the first
+    assert log.fetch_offset_by_timestamp(MAX_TIMESTAMP) == TimestampOffset(TS + 500, 9, 1)
+    log.append_as_leader(batch(1, ts=TS + 501, size=60), 3)
+    assert log.fetch_offset_by_timestamp(MAX_TIMESTAMP) == TimestampOffset(TS + 501, 17, 3)
+    log.truncate_to(17)  # the largest goes with the truncated batch
+    assert log.fetch_offset_by_timestamp(MAX_TIMESTAMP) == TimestampOffset(TS + 500, 9, 1)
+    log.close()
+    log = open_log(pdir, segment_bytes=300, index_interval_bytes=50)  # the same from the files
+    assert log.fetch_offset_by_timestamp(MAX_TIMESTAMP) == TimestampOffset(TS + 500, 9, 1)
+    log.close()
+
+
+def test_max_timestamp_leaves_out_records_below_the_log_start(pdir: Path) -> None:
+    log = open_log(pdir)
+    log.append_as_leader(batch(2, ts=TS + 900), 0)  # offsets 0-1 at TS + 900, 901
+    log.append_as_leader(batch(2, ts=TS + 100), 0)  # offsets 2-3
+    log.append_as_leader(batch(2, ts=TS + 300), 0)  # offsets 4-5
+    assert log.fetch_offset_by_timestamp(MAX_TIMESTAMP) == TimestampOffset(TS + 901, 1, 0)
+    log.maybe_increment_log_start_offset(1)  # inside the first batch: its record at offset 1 stays readable
+    assert log.fetch_offset_by_timestamp(MAX_TIMESTAMP) == TimestampOffset(TS + 901, 1, 0)
+    log.maybe_increment_log_start_offset(3)  # the first batch is gone: the largest left is TS + 301
+    assert log.fetch_offset_by_timestamp(MAX_TIMESTAMP) == TimestampOffset(TS + 301, 5, 0)
+    log.maybe_increment_log_start_offset(6)  # nothing readable is left
+    assert log.fetch_offset_by_timestamp(MAX_TIMESTAMP) is None
+    log.close()
+
+
+def test_max_timestamp_of_a_log_append_time_batch_is_its_first_record(pdir: Path) -> None:
+    log = open_log(pdir)
+    log.append_as_leader(batch(2, ts=TS + 10), 0)
+    headers = rb.validate_batches(batch(3, ts=TS), max_batch_size=1 << 20)
+    log.append_as_leader(rb.set_timestamp_type(batch(3, ts=TS), headers, TS + 50), 0)  # appended at TS + 50
+    assert log.fetch_offset_by_timestamp(MAX_TIMESTAMP) == TimestampOffset(TS + 50, 2, 0)
     log.close()
 
 
