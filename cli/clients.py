@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, TextIO, TypeVar
 
 from cli.main import CliError
-from common.cli_args import non_negative, positive
+from common.cli_args import int_range, non_negative, positive
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9091,127.0.0.1:9092,127.0.0.1:9093"
 DEFAULT_CONTROLLER = "127.0.0.1:9090"
@@ -709,6 +709,80 @@ def start_offset(text: str) -> int | str:
     return non_negative("--offset")(text)
 
 
+# kafka-get-offsets.sh's --time words; a number below -3 (Kafka's -4 earliest-local and -5 latest-tiered are
+# for tiered storage, which minibroker has not) is refused
+_OFFSET_TIMES = {"earliest": -2, "latest": -1, "max-timestamp": -3}
+
+
+def offset_time(text: str) -> int:
+    """--time: 'earliest' (-2), 'latest' (-1), 'max-timestamp' (-3), or a timestamp in ms."""
+    word = _OFFSET_TIMES.get(text.lower())
+    if word is not None:
+        return word
+    try:
+        value = int(text) if text.isascii() else None
+    except ValueError:
+        value = None
+    if value is None or not -3 <= value <= 2**63 - 1:
+        raise argparse.ArgumentTypeError(f"--time must be a timestamp in ms (>= 0), -1 or 'latest', -2 or "
+                                         f"'earliest', -3 or 'max-timestamp', got {text!r}")
+    return value
+
+
+def partition_ids(text: str) -> list[tuple[int, int | None]]:
+    """--partitions: comma-separated ids and ranges (``0,2,5-7``; ``5-`` is 5 and up), as kafka-get-offsets.sh
+    takes them; -> (first, last) pairs, last None for an open range and first itself for a single id."""
+    ranges: list[tuple[int, int | None]] = []
+    for item in text.split(","):
+        low, dash, high = item.strip().partition("-")
+        try:
+            first = int_range("--partitions", 0, 2**31 - 1)(low)
+            last = int_range("--partitions", 0, 2**31 - 1)(high) if dash and high else (None if dash else first)
+        except argparse.ArgumentTypeError:
+            first, last = 0, -1
+        if last is not None and last < first:
+            raise argparse.ArgumentTypeError(f"--partitions must be partition ids and ranges like 0,2,5-7 or 5-, "
+                                             f"got {text!r}")
+        ranges.append((first, last))
+    return ranges
+
+
+async def get_offsets_main(args: argparse.Namespace, out: TextIO) -> int:
+    from client.consumer import Consumer
+    from common.wire import TopicPartition
+
+    consumer = Consumer(bootstrap_of(args))
+    try:
+        parts = await consumer.metadata.wait_for_topic(args.topic, args.metadata_timeout_ms,
+                                                       unknown_after_ms=min(UNKNOWN_TOPIC_GRACE_MS,
+                                                                            args.metadata_timeout_ms))
+        wanted = sorted(parts)
+        if args.partitions is not None:
+            absent = sorted({first for first, last in args.partitions if first == last and first not in parts})
+            if absent:
+                raise CliError(f"topic {args.topic!r} has no partition {', '.join(map(str, absent))} "
+                               f"(partitions 0..{len(parts) - 1})")
+            wanted = [p for p in wanted if any(first <= p and (last is None or p <= last)
+                                               for first, last in args.partitions)]
+        tps = [TopicPartition(args.topic, p) for p in wanted]
+        offsets = await consumer.list_offsets(tps, args.time, timeout_ms=args.timeout_ms) if tps else {}
+    finally:
+        await consumer.close()
+    # as kafka-get-offsets.sh: topic:partition:offset, leaving out a partition with no such record (a time
+    # after its last record below the high watermark, or -3 on an empty partition); they are named on stderr
+    out.write("".join(f"{tp.topic}:{tp.partition}:{offsets[tp]}\n" for tp in tps if offsets[tp] >= 0))
+    out.flush()
+    none = [str(tp.partition) for tp in tps if offsets[tp] < 0]
+    if none:
+        print(f"no offset for that time in partition{'s' if len(none) > 1 else ''} {', '.join(none)}",
+              file=sys.stderr)
+    return 0
+
+
+def cmd_get_offsets(args: argparse.Namespace) -> int:
+    return run_client(get_offsets_main(args, sys.stdout))
+
+
 def cmd_consume(args: argparse.Namespace) -> int:
     if args.from_beginning and args.offset is not None:
         raise CliError("use either --from-beginning or --offset, not both")
@@ -800,3 +874,22 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
                         f"brokers keep saying does not exist for {UNKNOWN_TOPIC_GRACE_MS} ms is reported then "
                         "(UNKNOWN_TOPIC_OR_PARTITION)")
     c.set_defaults(func=cmd_consume)
+
+    g = sub.add_parser("get-offsets", help="print partitions' offsets for a time (kafka-get-offsets.sh)",
+                       description="Print topic:partition:offset for each partition of a topic: its end (the high "
+                                   "watermark), its start, the record with the largest timestamp, or the first "
+                                   "record at or after a time, as Kafka's kafka-get-offsets.sh. A partition "
+                                   "with no such record is left out of the output and named on stderr.")
+    g.add_argument("topic", metavar="TOPIC", help="the topic")
+    add_bootstrap(g)
+    g.add_argument("--time", type=offset_time, default=-1,
+                   help="latest or -1 (the default: the offset after the last committed record), earliest or -2 "
+                        "(the log start), max-timestamp or -3 (the record with the largest timestamp), or a "
+                        "timestamp in ms since the epoch (the first record at or after it)")
+    g.add_argument("--partitions", type=partition_ids, default=None, metavar="LIST",
+                   help="only these partitions: ids and ranges, e.g. 0,2,5-7 or 5- (default: all)")
+    g.add_argument("--metadata-timeout-ms", type=positive("--metadata-timeout-ms"), default=10_000,
+                   help="how long to wait for the topic and its partition leaders (default 10000)")
+    g.add_argument("--timeout-ms", type=positive("--timeout-ms"), default=30_000,
+                   help="how long to keep asking partitions' leaders, through leader changes (default 30000)")
+    g.set_defaults(func=cmd_get_offsets)

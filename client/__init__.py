@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from client.admin import Admin, NewTopic
-    from client.consumer import Consumer, ConsumerConfig
+    from client.consumer import Consumer, ConsumerConfig, OffsetAndTimestamp
     from client.errors import ClientError, DeliveryTimeoutError, NoBrokersAvailableError, error_name
     from client.fetch_state import ConsumerRecord, OffsetReset
     from client.producer import DeliveryFuture, Producer, ProducerConfig, RecordMetadata
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "Admin": "client.admin", "NewTopic": "client.admin",
-    "Consumer": "client.consumer", "ConsumerConfig": "client.consumer",
+    "Consumer": "client.consumer", "ConsumerConfig": "client.consumer", "OffsetAndTimestamp": "client.consumer",
     "ClientError": "client.errors", "DeliveryTimeoutError": "client.errors",
     "NoBrokersAvailableError": "client.errors", "error_name": "client.errors",
     "ConsumerRecord": "client.fetch_state", "OffsetReset": "client.fetch_state",
@@ -55,6 +55,7 @@ __all__ = [
     "DeliveryTimeoutError",
     "NewTopic",
     "NoBrokersAvailableError",
+    "OffsetAndTimestamp",
     "OffsetReset",
     "Producer",
     "ProducerConfig",

@@ -24,9 +24,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from client.errors import CorruptRecordError, NoBrokersAvailableError
 from client.fetch_state import ConsumerRecord, OffsetReset, Positions
@@ -42,6 +42,16 @@ log = get_logger(__name__)
 
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
+MAX_TIMESTAMP = -3  # KIP-734: the first record carrying the largest timestamp
+
+
+class OffsetAndTimestamp(NamedTuple):
+    """Kafka's ``OffsetAndTimestamp``: what a lookup by time found (``offsets_for_times``). ``leader_epoch`` is
+    the epoch of the record's batch, -1 when the broker did not say."""
+
+    offset: int
+    timestamp: int
+    leader_epoch: int = -1
 
 _REFRESH_ON = frozenset({ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                          ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.FENCED_LEADER_EPOCH,
@@ -387,24 +397,23 @@ class Consumer:
             return
 
         async def reset() -> _FetchResult:
-            by_leader: dict[tuple[str, int], list[TopicPartition]] = {}  # by leader and timestamp
+            by_leader: dict[str, dict[TopicPartition, int]] = {}  # the partitions' timestamps by leader
             for tp in known:
                 leader = md.leader_address(tp)
                 assert leader is not None
-                by_leader.setdefault((leader[1], timestamps[tp]), []).append(tp)
+                by_leader.setdefault(leader[1], {})[tp] = timestamps[tp]
             found: dict[TopicPartition, int] = {}
             failed: dict[TopicPartition, str] = {}
             try:
-                answers = await asyncio.gather(*(self._list_offsets_at(a, ps, ts)
-                                                 for (a, ts), ps in by_leader.items()))
+                answers = await asyncio.gather(*(self._list_offsets_at(a, ps) for a, ps in by_leader.items()))
             except MinibrokerError as exc:
                 return _FetchResult("__reset__", {}, None, str(exc), exc)
             except Exception as exc:  # a bug, not the brokers' answer: fail this reset, retried after a backoff
                 log.exception("consumer_offset_reset_failed", partitions=[str(tp) for tp in known])
                 error = f"offset reset failed: {exc!r}"
                 return _FetchResult("__reset__", {}, None, error, failed=dict.fromkeys(known, error))
-            for ((address, _), ps), (part, err) in zip(by_leader.items(), answers, strict=True):
-                found.update((tp, offset) for tp, offset in part.items() if offset >= 0)  # -1: none, no position
+            for (address, ps), (part, err) in zip(by_leader.items(), answers, strict=True):
+                found.update((tp, o.offset) for tp, o in part.items() if o.offset >= 0)  # -1: none, no position
                 failed.update((tp, err or f"list_offsets to {address}: no offset") for tp in ps if tp not in found)
             missing = [tp for tp in known if tp not in found]
             return _FetchResult("__reset__", found, None, f"no offset for {missing}" if missing else None,
@@ -622,29 +631,54 @@ class Consumer:
 
     async def list_offsets(self, tps: Sequence[TopicPartition], timestamp: int, *,
                            timeout_ms: int | None = None) -> dict[TopicPartition, int]:
-        """ListOffsets on each leader, retrying leader changes until ``timeout_ms``."""
+        """ListOffsets on each leader, retrying leader changes until ``timeout_ms``: each partition's offset
+        for ``timestamp`` (-1 latest, -2 earliest, -3 the record with the largest timestamp, or a time in ms:
+        the first record at or after it), -1 where there is no such record."""
         wanted = _partition_list(tps, "list_offsets")
-        # -2 EARLIEST and -1 LATEST are the only negative timestamps; 2**63 - 1 the most a request carries
-        check_int("timestamp", timestamp, EARLIEST_TIMESTAMP, _INT64_MAX)
+        # -3 MAX, -2 EARLIEST and -1 LATEST are the only negative timestamps; 2**63 - 1 the most a request carries
+        check_int("timestamp", timestamp, MAX_TIMESTAMP, _INT64_MAX)
+        found = await self._lookup(dict.fromkeys(wanted, timestamp), timeout_ms)
+        return {tp: o.offset for tp, o in found.items()}
+
+    async def offsets_for_times(self, timestamps: Mapping[TopicPartition, int], *,
+                                timeout_ms: int | None = None) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+        """Kafka's ``offsetsForTimes``: per partition, the first record whose timestamp is at or after the one
+        given (ms), with its timestamp; None where there is none below the high watermark. Timestamps must
+        not be negative (``list_offsets`` takes the special ones). Retries leader changes until
+        ``timeout_ms`` (default request.timeout.ms)."""
+        if not isinstance(timestamps, Mapping):
+            raise TypeError(f"offsets_for_times takes a mapping of partition to timestamp, "
+                            f"got {type(timestamps).__name__}")
+        wanted: dict[TopicPartition, int] = {}
+        for item, ts in timestamps.items():
+            tp = as_topic_partition(item)
+            check_int(f"timestamp of {tp}", ts, 0, _INT64_MAX)
+            wanted[tp] = ts
+        found = await self._lookup(wanted, timeout_ms)
+        return {tp: (o if o.offset >= 0 else None) for tp, o in found.items()}
+
+    async def _lookup(self, wanted: dict[TopicPartition, int], timeout_ms: int | None
+                      ) -> dict[TopicPartition, OffsetAndTimestamp]:
+        """ListOffsets for each partition's timestamp on its leader, asked again (after a metadata refresh) for
+        the partitions without an answer until ``timeout_ms``."""
         if timeout_ms is not None:
             check_int("timeout_ms", timeout_ms, 0)
         budget_ms = timeout_ms if timeout_ms is not None else self.config.request_timeout_ms
         deadline = self._clock.monotonic_ms() + budget_ms
         self.metadata.add_topics({tp.topic for tp in wanted})
-        found: dict[TopicPartition, int] = {}
+        found: dict[TopicPartition, OffsetAndTimestamp] = {}
         last_error = "no leader"
         while True:
             missing = [tp for tp in wanted if tp not in found]
             if not missing:
                 return found
             md = self.metadata.current
-            by_leader: dict[str, list[TopicPartition]] = {}
+            by_leader: dict[str, dict[TopicPartition, int]] = {}
             for tp in missing:
                 leader = md.leader_address(tp)
                 if leader is not None:
-                    by_leader.setdefault(leader[1], []).append(tp)
-            results = await asyncio.gather(*(self._list_offsets_at(a, ps, timestamp)
-                                             for a, ps in by_leader.items()))
+                    by_leader.setdefault(leader[1], {})[tp] = wanted[tp]
+            results = await asyncio.gather(*(self._list_offsets_at(a, ps) for a, ps in by_leader.items()))
             for part, err in results:
                 found.update(part)
                 last_error = err or last_error
@@ -661,10 +695,10 @@ class Consumer:
             with contextlib.suppress(NoBrokersAvailableError):
                 await self.metadata.refresh()
 
-    async def _list_offsets_at(self, address: str, tps: list[TopicPartition],
-                               timestamp: int) -> tuple[dict[TopicPartition, int], str | None]:
+    async def _list_offsets_at(self, address: str, wanted: Mapping[TopicPartition, int],
+                               ) -> tuple[dict[TopicPartition, OffsetAndTimestamp], str | None]:
         topics: dict[str, list[dict[str, Any]]] = {}
-        for tp in tps:
+        for tp, timestamp in wanted.items():
             topics.setdefault(tp.topic, []).append({"partition": tp.partition, "timestamp": timestamp,
                                                     "current_leader_epoch": self._leader_epoch(tp)})
         body = {"replica_id": -1, "isolation_level": 0,
@@ -675,18 +709,18 @@ class Consumer:
             raise error_for(ErrorCode.INVALID_REQUEST, str(exc)) from None
         except RpcError as exc:
             return {}, str(exc)
-        out: dict[TopicPartition, int] = {}
+        out: dict[TopicPartition, OffsetAndTimestamp] = {}
         error: str | None = None
         try:
             for t in resp.get("topics") or []:
                 for p in t.get("partitions") or []:
                     tp = TopicPartition(str(t.get("topic")), int(p.get("partition", -1)))
                     code = ErrorCode.of(int(p.get("error", 0)))
-                    if code is ErrorCode.NONE and tp in tps:
-                        offset = p.get("offset", -1)
-                        if type(offset) is not int:
-                            raise TypeError(f"offset {offset!r} of {tp}")
-                        out[tp] = offset
+                    if code is ErrorCode.NONE and tp in wanted:
+                        fields = [p.get(name, -1) for name in ("offset", "timestamp", "leader_epoch")]
+                        if any(type(v) is not int for v in fields):
+                            raise TypeError(f"offset, timestamp or leader_epoch {fields!r} of {tp}")
+                        out[tp] = OffsetAndTimestamp(*fields)
                     else:
                         error = f"{tp}: {code.name}"
                         if not code.retriable:
