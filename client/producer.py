@@ -301,6 +301,7 @@ class Producer:
         # partitions with a request in flight, and the batches it carries (a partition has one at a time)
         self._muted: dict[TopicPartition, list[ProducerBatch]] = {}
         self._in_flight: dict[str, int] = {}
+        self._drain_start: dict[str, int] = {}  # per leader: where the next request's drain starts
         self._tasks: set[asyncio.Task[None]] = set()
         self._requests: set[asyncio.Task[None]] = set()  # the produce requests in flight (among _tasks)
         self._pending: set[asyncio.Future[int]] = set()
@@ -728,16 +729,24 @@ class Producer:
         # max.request.size (servers such as aiohttp refuse bodies over 1 MiB by default)
         budget = self.config.max_request_size * 9 // 10
         drained: dict[TopicPartition, list[ProducerBatch]] = {}
-        for tp in tps:
+        # As Kafka's drain index (RecordAccumulator.drainBatchesForOneNode), a request to a leader starts with the
+        # partition after the last one the request before drained from. Always starting at the first ready
+        # partition, one with a backlog filled every request, and with max.in.flight 1 a partition listed after
+        # it waited until the backlog was gone (its records timed out meanwhile).
+        start = self._drain_start.get(address, 0) % len(tps)
+        last = -1
+        for i, tp in enumerate(tps[start:] + tps[:start]):
             batches = self._acc.drain(tp, budget, now, max_batches=self._max_batches, at_least_one=not drained)
             if not batches:
                 continue
             if self._idempotent and batches[0].attempts == 0:  # drained for the first time: stamp it
                 self._stamp(tp, batches)
             drained[tp] = batches
+            last = i
             budget -= sum(b.size_bytes for b in batches)
             if budget <= 0:
                 break
+        self._drain_start[address] = (start + last + 1) % len(tps)
         if not drained:
             return
         # In flight from here, not from when the task first runs: a sender pass run before it (woken by a
