@@ -171,7 +171,8 @@ class Consumer:
         self._clock = clock or SystemClock()
         self._rpc = RpcClient(limit_per_host=4, timeout_s=config.request_timeout_ms / 1000)
         self.metadata = MetadataCache(self._rpc, addresses, clock=self._clock,
-                                      retry_backoff_ms=config.retry_backoff_ms)
+                                      retry_backoff_ms=config.retry_backoff_ms,
+                                      request_timeout_ms=config.request_timeout_ms)
         self._positions = Positions()
         self._buffer: deque[ConsumerRecord] = deque()
         self._in_flight: dict[str, asyncio.Task[_FetchResult]] = {}

@@ -29,6 +29,10 @@ from common.wire import TopicPartition
 log = get_logger(__name__)
 
 RETRY_BACKOFF_MAX_MS = 1_000
+# A refresh asks the known brokers in turn; one that does not answer is given up on after the client's
+# request.timeout.ms, but after this at most, so that one frozen broker does not hold every refresh for
+# Kafka's 30 s default before the next broker is asked.
+METADATA_BROKER_TIMEOUT_MS = 5_000
 
 
 def parse_bootstrap(text: str | Sequence[str]) -> list[str]:
@@ -179,7 +183,7 @@ class MetadataCache:
     """Current cluster metadata plus the I/O to refresh it."""
 
     def __init__(self, rpc: RpcClient, bootstrap: Sequence[str], *, clock: Clock | None = None,
-                 retry_backoff_ms: int = 100, request_timeout_ms: int = 5_000) -> None:
+                 retry_backoff_ms: int = 100, request_timeout_ms: int = METADATA_BROKER_TIMEOUT_MS) -> None:
         if not bootstrap:
             raise ValueError("no bootstrap address given")
         if isinstance(bootstrap, (str, bytes, bytearray, memoryview)) or not all(
@@ -189,7 +193,7 @@ class MetadataCache:
         self._bootstrap = list(bootstrap)
         self._clock = clock or SystemClock()
         self._retry_backoff_ms = retry_backoff_ms
-        self._request_timeout_ms = request_timeout_ms
+        self._request_timeout_ms = min(request_timeout_ms, METADATA_BROKER_TIMEOUT_MS)
         self._topics: set[str] = set()
         self.current = ClusterMetadata()  # a plain attribute: the producer reads it once per record
         self._refreshing: asyncio.Task[ClusterMetadata] | None = None
@@ -279,7 +283,12 @@ class MetadataCache:
         unknown_since: int | None = None
         while True:
             try:
-                md = await self.refresh(force=True)
+                # the wait is bounded, not only the time between refreshes: brokers that accept connections and
+                # never answer (paused) held it for a refresh's whole round of them, 5 s each, past max.block.ms
+                remaining_ms = max(1, deadline - self._clock.monotonic_ms())
+                md = await asyncio.wait_for(self.refresh(force=True), remaining_ms / 1000)
+            except TimeoutError:  # the refresh goes on (shared); this wait decides on what is known
+                md = self.current
             except NoBrokersAvailableError:
                 if self._clock.monotonic_ms() >= deadline:
                     raise
@@ -304,7 +313,8 @@ class MetadataCache:
                 code = ErrorCode.of(md.topic_errors.get(topic, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
                 if code is ErrorCode.NONE:
                     code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-                raise error_for(code, f"{code.name}: topic {topic!r}")
+                # Kafka's producer: "Topic t not present in metadata after 60000 ms."
+                raise error_for(code, f"{code.name}: topic {topic!r} not present in metadata after {timeout_ms} ms")
             await asyncio.sleep(self._retry_backoff_ms / 1000)
 
 

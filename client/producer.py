@@ -292,7 +292,8 @@ class Producer:
         self._rpc = RpcClient(limit_per_host=config.max_in_flight_requests_per_connection,
                               timeout_s=config.request_timeout_ms / 1000)
         self.metadata = MetadataCache(self._rpc, addresses, clock=self._clock,
-                                      retry_backoff_ms=config.retry_backoff_ms)
+                                      retry_backoff_ms=config.retry_backoff_ms,
+                                      request_timeout_ms=config.request_timeout_ms)
         self._acc = RecordAccumulator(batch_size=config.batch_size, linger_ms=config.linger_ms,
                                       delivery_timeout_ms=config.delivery_timeout_ms)
         self._partitioner = StickyPartitioner()

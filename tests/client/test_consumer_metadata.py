@@ -3,11 +3,16 @@ leader), and consumer answers that arrive for partitions no longer assigned or m
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
 import pytest
 
 from client import Consumer, ConsumerRecord, Producer, TopicPartition
 from client.errors import NoBrokersAvailableError
 from client.metadata import MetadataCache
+from common.errors import MinibrokerError
 from common.http import RpcClient
 from tests.client.fake_broker import FakeCluster, running
 from tests.client.helpers import fast
@@ -165,3 +170,44 @@ async def test_a_malformed_offset_answer_fails_one_reset_not_every_poll() -> Non
             assert TP0 not in consumer.fetch_errors()
         assert [r.value for r in got] == [b"0"]
 
+
+
+# Found by review: with brokers that accept connections and never answer (paused), a wait for a topic's metadata
+# lasted a refresh's whole round of them, 5 s per broker, whatever max.block.ms (or assign_topic's timeout_ms)
+# said, and each metadata request waited 5 s whatever request.timeout.ms said.
+
+@contextlib.asynccontextmanager
+async def frozen_brokers(n: int) -> AsyncIterator[list[str]]:
+    """``n`` servers on 127.0.0.1 that take connections and read requests but never answer, as the kernel does
+    for a SIGSTOPped broker."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        while await reader.read(65536):
+            pass
+
+    servers = [await asyncio.start_server(hold, "127.0.0.1", 0) for _ in range(n)]
+    try:
+        yield [f"127.0.0.1:{s.sockets[0].getsockname()[1]}" for s in servers]
+    finally:
+        for writer in held:
+            writer.close()
+        for s in servers:
+            s.close()
+
+
+async def test_max_block_ms_bounds_the_wait_for_metadata_from_brokers_that_never_answer() -> None:
+    async with frozen_brokers(2) as addresses:
+        async with Producer(",".join(addresses), fast(max_block_ms=300)) as producer:
+            with pytest.raises(MinibrokerError, match="topic 'events' not present in metadata after 300 ms"):
+                await asyncio.wait_for(producer.send(TOPIC, b"x"), 4)  # it took 10 s (5 s per broker)
+        async with Consumer(",".join(addresses)) as consumer:
+            with pytest.raises(MinibrokerError, match="topic 'events' not present in metadata after 300 ms"):
+                await asyncio.wait_for(consumer.assign_topic(TOPIC, timeout_ms=300), 4)
+
+
+async def test_a_metadata_request_waits_at_most_request_timeout_ms() -> None:
+    async with frozen_brokers(2) as addresses, Consumer(",".join(addresses), request_timeout_ms=300) as consumer:
+        with pytest.raises(NoBrokersAvailableError, match="no broker answered metadata"):
+            await asyncio.wait_for(consumer.metadata.refresh(force=True), 4)  # it took 10 s (5 s per broker)
