@@ -206,6 +206,7 @@ class Consumer:
     # -- assignment and positions ----------------------------------------------------------------
 
     def assign(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> None:
+        self._check_open()
         tps = _partition_list(partitions, "assign")
         before = set(self._positions.assigned())
         # a partition leaving or joining the assignment starts anew: no lookup made before applies to it
@@ -215,18 +216,21 @@ class Consumer:
         self._buffer = deque(r for r in self._buffer if TopicPartition(r.topic, r.partition) in set(tps))
 
     def assignment(self) -> list[TopicPartition]:
+        self._check_open()
         return self._positions.assigned()
 
     async def assign_topic(self, topic: str, timeout_ms: int = 30_000, *,
                            unknown_after_ms: int | None = None) -> list[TopicPartition]:
         """Assign every partition of ``topic`` (waits up to ``timeout_ms`` for the topic and its leaders;
         ``unknown_after_ms``: see ``MetadataCache.wait_for_topic``)."""
+        self._check_open()
         parts = await self.metadata.wait_for_topic(topic, timeout_ms, unknown_after_ms=unknown_after_ms)
         tps = [TopicPartition(topic, p) for p in parts]
         self.assign([*self.assignment(), *tps])
         return tps
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
+        self._check_open()
         tp = as_topic_partition(tp)
         check_int("offset", offset)
         self._positions.seek(tp, offset)
@@ -243,6 +247,7 @@ class Consumer:
         """Kafka's seekToBeginning/seekToEnd: from the call on, the partitions await a reset by ``strategy``
         (a poll meanwhile fetches nothing from their old positions and, if it looks them up itself, looks
         them up the same way); the lookup is then made here, so the positions are known on return."""
+        self._check_open()
         for tp in tps:
             self._positions.request_reset(tp, strategy)
             self._seeks[tp] += 1
@@ -260,6 +265,7 @@ class Consumer:
         """The offset of the next record ``poll`` returns for ``tp``."""
         tp = self._assigned([tp])[0]
         while True:  # until it has one, as Kafka's position() (a seek_to_* meanwhile: its reset, not ours)
+            self._check_open()
             for r in self._buffer:
                 if r.topic == tp.topic and r.partition == tp.partition:
                     return r.offset
@@ -270,6 +276,7 @@ class Consumer:
 
     def high_watermark(self, tp: TopicPartition) -> int:
         """The HW seen in the last fetch of ``tp`` (-1 before any)."""
+        self._check_open()
         return self._positions.get(as_topic_partition(tp)).high_watermark
 
     async def end_offsets(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
@@ -283,6 +290,7 @@ class Consumer:
         (the leader did not answer, or answered an error code): their records could not be read since. A
         partition leaves this map when a fetch from its leader succeeds. Partitions that have no leader in
         the metadata are never fetched from, so they are not here: see ``metadata.current.leader_address``."""
+        self._check_open()
         assigned = set(self._positions.assigned())
         return {tp: error for tp, error in self._fetch_errors.items() if tp in assigned}
 
@@ -325,8 +333,10 @@ class Consumer:
         return out
 
     def _check_open(self) -> None:
-        """A poll after close, or one close() ended while it waited (it raised the CancelledError of the fetches
-        close cancelled, as if the poll itself had been cancelled, and went on fetching if called again)."""
+        """Every public method but close, as Kafka's acquireAndEnsureOpen: once closed, a call raised nothing and
+        opened connections nobody closed. Also a poll (or a lookup) close() ended while it waited: a poll raised
+        the CancelledError of the fetches close cancelled, as if it had been cancelled itself, and went on
+        fetching if called again."""
         if self._closed:
             raise RuntimeError("consumer is closed")
 
@@ -635,6 +645,7 @@ class Consumer:
         """ListOffsets on each leader, retrying leader changes until ``timeout_ms``: each partition's offset
         for ``timestamp`` (-1 latest, -2 earliest, -3 the record with the largest timestamp, or a time in ms:
         the first record at or after it), -1 where there is no such record."""
+        self._check_open()
         wanted = _partition_list(tps, "list_offsets")
         # -3 MAX, -2 EARLIEST and -1 LATEST are the only negative timestamps; 2**63 - 1 the most a request carries
         check_int("timestamp", timestamp, MAX_TIMESTAMP, _INT64_MAX)
@@ -647,6 +658,7 @@ class Consumer:
         given (ms), with its timestamp; None where there is none below the high watermark. Timestamps must
         not be negative (``list_offsets`` takes the special ones). Retries leader changes until
         ``timeout_ms`` (default request.timeout.ms)."""
+        self._check_open()
         if not isinstance(timestamps, Mapping):
             raise TypeError(f"offsets_for_times takes a mapping of partition to timestamp, "
                             f"got {type(timestamps).__name__}")
@@ -670,6 +682,7 @@ class Consumer:
         found: dict[TopicPartition, OffsetAndTimestamp] = {}
         last_error = "no leader"
         while True:
+            self._check_open()  # close() from another task ends the lookup: it went on, reopening connections
             missing = [tp for tp in wanted if tp not in found]
             if not missing:
                 return found

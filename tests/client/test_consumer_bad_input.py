@@ -175,3 +175,39 @@ async def test_cli_consume_ends_when_its_topic_is_deleted(fake: FakeCluster) -> 
     assert proc.returncode == 1
     assert err.decode().strip().splitlines()[-1] == (
         f"minibroker: error: UNKNOWN_TOPIC_OR_PARTITION: topic '{TOPIC}' was deleted")
+
+
+# -- after close -----------------------------------------------------------------------------------
+
+async def test_every_call_after_close_raises_and_opens_nothing(fake: FakeCluster) -> None:
+    # Found by review: only poll checked; position, end_offsets, seek_to_beginning and the rest answered after
+    # close and reopened connections nobody closed (Kafka's acquireAndEnsureOpen throws for every call)
+    c = consumer(fake)
+    c.assign([TP0])
+    assert await c.position(TP0) == 0
+    await c.close()
+    calls: dict[str, Any] = {
+        "assign": lambda: c.assign([TP0]), "assignment": c.assignment, "seek": lambda: c.seek(TP0, 0),
+        "high_watermark": lambda: c.high_watermark(TP0), "fetch_errors": c.fetch_errors,
+        "assign_topic": lambda: c.assign_topic(TOPIC), "position": lambda: c.position(TP0),
+        "seek_to_beginning": c.seek_to_beginning, "seek_to_end": c.seek_to_end,
+        "end_offsets": lambda: c.end_offsets([TP0]), "beginning_offsets": lambda: c.beginning_offsets([TP0]),
+        "list_offsets": lambda: c.list_offsets([TP0], -3), "offsets_for_times": lambda: c.offsets_for_times({TP0: 0}),
+        "poll": c.poll,
+    }
+    for name, call in calls.items():
+        with pytest.raises(RuntimeError, match="consumer is closed"):
+            result = call()
+            if asyncio.iscoroutine(result):
+                await result
+        assert not c._rpc._pools, f"{name} opened a connection after close"
+
+
+async def test_close_ends_a_lookup_that_waits_for_a_leader(fake: FakeCluster) -> None:
+    missing = TopicPartition(TOPIC, 99)  # never has a leader: the lookup asks again until its timeout
+    c = consumer(fake)
+    lookup = asyncio.ensure_future(c.list_offsets([missing], -1, timeout_ms=60_000))
+    await asyncio.sleep(0.2)
+    await c.close()
+    with pytest.raises(RuntimeError, match="consumer is closed"):
+        await asyncio.wait_for(lookup, 10)  # it went on asking for its whole timeout
