@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.requests import BrokerInfo, PartitionStateMsg
-from common.wire import TopicPartition
+from common.errors import ErrorCode
+from common.wire import TopicPartition, topic_name_error
 
 
 @dataclass
@@ -55,7 +56,11 @@ class MetadataCache:
         for name in names:
             parts = by_topic.get(name)
             if parts is None:
-                out.append({"topic": name, "error": 3, "partitions": []})
+                # Kafka's KafkaApis.getTopicMetadata: a name no topic can have is INVALID_TOPIC_EXCEPTION, which a
+                # client gives up on at once; UNKNOWN_TOPIC_OR_PARTITION had it wait for the topic to appear
+                error = (ErrorCode.INVALID_TOPIC_EXCEPTION if topic_name_error(name)
+                         else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+                out.append({"topic": name, "error": int(error), "partitions": []})
                 continue
             out.append({"topic": name, "error": 0, "partitions": [self._partition(s) for s in parts]})
         return {

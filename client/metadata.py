@@ -297,6 +297,9 @@ class MetadataCache:
             parts = md.partitions_for(topic)
             if parts and (not leaders or all(md.leader_address(TopicPartition(topic, p)) for p in parts)):
                 return parts
+            fatal = ErrorCode.of(md.topic_errors.get(topic, ErrorCode.NONE))
+            if not parts and fatal is not ErrorCode.NONE and not fatal.retriable:  # INVALID_TOPIC_EXCEPTION
+                raise error_for(fatal, f"{fatal.name}: topic {topic!r}")
             now = self._clock.monotonic_ms()
             unknown = not parts and md.topic_errors.get(topic) == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             if not unknown:

@@ -92,6 +92,24 @@ def int_field(body: Mapping[str, Any], name: str, default: Any = _MISSING, *,
     return value
 
 
+MAX_TOPIC_NAME_LENGTH = 249
+_LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
+
+
+def topic_name_error(name: object) -> str | None:
+    """None for a legal topic name, else why not (Kafka's ``Topic.validate``): the controller refuses
+    to create such a topic, and a broker asked for its metadata answers INVALID_TOPIC_EXCEPTION."""
+    if not isinstance(name, str) or not name:
+        return "topic name must be a non-empty string"
+    if name in (".", ".."):
+        return "topic name cannot be '.' or '..'"
+    if len(name) > MAX_TOPIC_NAME_LENGTH:
+        return f"topic name longer than {MAX_TOPIC_NAME_LENGTH} characters"
+    if not _LEGAL_TOPIC.match(name):
+        return "topic name may contain only ASCII letters, digits, '.', '_' and '-'"
+    return None
+
+
 MAX_HOST_LENGTH = 255
 # what a host name or an IP address can contain: a DNS name or IPv4 address ("broker-1", "10.0.0.7"), an IPv6
 # address bare or in brackets ("::1", "[::1]"), with a zone ("fe80::1%eth0"); '_' as hosts in containers are

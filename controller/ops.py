@@ -23,7 +23,7 @@ from typing import Any
 
 from common.config import ConfigError, validate_topic_configs
 from common.errors import ErrorCode
-from common.wire import TopicPartition
+from common.wire import TopicPartition, topic_name_error
 from controller import rules
 from controller.rules import ElectionReason
 from controller.state import (
@@ -267,7 +267,7 @@ def _collision_key(name: str) -> str:
 def _check_topic(image: MetadataImage, t: NewTopic, seen: set[str], brokers: Sequence[int],
                  default_partitions: int, default_rf: int) -> TopicResult | None:
     name = t.name if isinstance(t.name, str) else str(t.name)
-    problem = rules.topic_name_error(t.name)
+    problem = topic_name_error(t.name)
     if problem is not None:
         return TopicResult(name, ErrorCode.INVALID_TOPIC_EXCEPTION, problem)
     if t.name in image.topics or t.name in seen:

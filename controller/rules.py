@@ -22,13 +22,10 @@ leader by the election rule above.
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 NO_LEADER = -1
-MAX_TOPIC_NAME_LENGTH = 249
-_LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
 
 
 class ElectionReason(enum.Enum):
@@ -124,19 +121,6 @@ def assign_replicas(num_partitions: int, replication_factor: int, brokers: Seque
 def _replica_index(first: int, shift: int, j: int, n: int) -> int:
     step = 1 + (shift + j) % (n - 1)
     return (first + step) % n
-
-
-def topic_name_error(name: object) -> str | None:
-    """None for a legal topic name, else why not (Kafka's ``Topic.validate``)."""
-    if not isinstance(name, str) or not name:
-        return "topic name must be a non-empty string"
-    if name in (".", ".."):
-        return "topic name cannot be '.' or '..'"
-    if len(name) > MAX_TOPIC_NAME_LENGTH:
-        return f"topic name longer than {MAX_TOPIC_NAME_LENGTH} characters"
-    if not _LEGAL_TOPIC.match(name):
-        return "topic name may contain only ASCII letters, digits, '.', '_' and '-'"
-    return None
 
 
 class IsrCheck(enum.Enum):

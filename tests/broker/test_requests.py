@@ -11,7 +11,8 @@ import aiohttp
 import msgpack
 import pytest
 
-from common.errors import ErrorCode
+from client import Consumer, Producer
+from common.errors import ErrorCode, MinibrokerError
 from common.http import RpcBadRequest, RpcClient
 from common.wire import TopicPartition, encode
 from storage.record_batch import HEADER_SIZE, TIMESTAMP_TYPE_BIT, compute_crc, validate_batches
@@ -293,6 +294,19 @@ async def test_list_offsets_max_timestamp(start_broker: StartBroker, controller:
     assert await lo() == {"partition": 0, "error": 0, "timestamp": 5000, "offset": 2, "leader_epoch": 0}
 
 
+async def test_clients_give_up_at_once_on_a_topic_name_no_topic_can_have(start_broker: StartBroker) -> None:
+    # Found by review: the broker answered UNKNOWN_TOPIC_OR_PARTITION, and a producer waited out max.block.ms
+    # (a minute by default), a consumer its timeout, for a topic that can never exist
+    b = await start_broker()
+    async with Producer(b.address, max_block_ms=120_000) as producer:
+        with pytest.raises(MinibrokerError, match="INVALID_TOPIC_EXCEPTION: topic 'bad topic!'") as info:
+            await asyncio.wait_for(producer.send("bad topic!", b"x"), 20)
+        assert info.value.code is ErrorCode.INVALID_TOPIC_EXCEPTION
+    async with Consumer(b.address) as consumer:
+        with pytest.raises(MinibrokerError, match="INVALID_TOPIC_EXCEPTION: topic 'bad topic!'"):
+            await asyncio.wait_for(consumer.assign_topic("bad topic!", timeout_ms=120_000), 20)
+
+
 async def test_diverging_epoch_for_follower(start_broker: StartBroker, controller: FakeController,
                                             rpc: RpcClient) -> None:
     b = await start_broker()
@@ -394,8 +408,9 @@ async def test_metadata_status_metrics(start_broker: StartBroker, controller: Fa
     md = await rpc.call(addr, "metadata", {"topics": None})
     assert md["brokers"][0]["node_id"] == 1
     assert md["topics"][0]["partitions"][0]["leader"] == 1
-    md = await rpc.call(addr, "metadata", {"topics": ["missing"]})
-    assert md["topics"][0]["error"] == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    md = await rpc.call(addr, "metadata", {"topics": ["missing", "bad topic!", "..", "x" * 250]})
+    assert [t["error"] for t in md["topics"]] == [ErrorCode.UNKNOWN_TOPIC_OR_PARTITION] + [
+        ErrorCode.INVALID_TOPIC_EXCEPTION] * 3  # names no topic can have (Kafka's getTopicMetadata)
     status = await rpc.get_json(addr, "/v1/status")
     assert status["node_id"] == 1 and status["broker_epoch"] > 0
     assert status["partitions"][0]["log_end_offset"] == 5

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from common.wire import topic_name_error
 from controller import rules
 from controller.rules import AlterIsrRequest, IsrCheck, PartitionView
 
@@ -83,7 +84,7 @@ def test_assignment_spreads_evenly(n_brokers: int, rf: int, parts: int, start: i
      ("x" * 249, True), ("x" * 250, False), ("héllo", False), (5, False), (None, False)],
 )
 def test_topic_names(name: object, ok: bool) -> None:
-    assert (rules.topic_name_error(name) is None) == ok
+    assert (topic_name_error(name) is None) == ok
 
 
 PART = PartitionView(replicas=(1, 2, 3), isr=(1, 2), leader=1, leader_epoch=5, partition_epoch=7)
