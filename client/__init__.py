@@ -18,7 +18,7 @@ A few lines from plain Python (``BOOTSTRAP`` is any broker, e.g. "127.0.0.1:9091
 
 ``Producer.send`` returns a ``DeliveryFuture`` at once (await it for
 ``RecordMetadata`` or a typed error); ``Consumer`` has ``assign``, ``seek``,
-``position`` and ``poll``. Names are imported lazily (PEP 562), so
+``position``, ``poll``, ``pause``/``resume`` and ``offsets_for_times``. Names are imported lazily (PEP 562), so
 ``import client.partitioner`` stays light.
 """
 

@@ -294,6 +294,26 @@ class Consumer:
         assigned = set(self._positions.assigned())
         return {tp: error for tp, error in self._fetch_errors.items() if tp in assigned}
 
+    def pause(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> None:
+        """Kafka's ``pause``: no fetches for these assigned partitions, and ``poll`` hands out none of their
+        records (those already fetched wait, in order) until ``resume``. Their positions stay; seeks and
+        offset lookups work as before. NotAssignedError for a partition not assigned."""
+        self._check_open()
+        tps = self._assigned(_partition_list(partitions, "pause"))
+        self._positions.paused.update(tps)
+
+    def resume(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> None:
+        """Kafka's ``resume``: fetch these partitions again and hand out their records (a partition not paused
+        is left as it is). NotAssignedError for a partition not assigned."""
+        self._check_open()
+        tps = self._assigned(_partition_list(partitions, "resume"))
+        self._positions.paused.difference_update(tps)
+
+    def paused(self) -> set[TopicPartition]:
+        """The partitions paused (Kafka's ``paused``)."""
+        self._check_open()
+        return set(self._positions.paused)
+
     def _drop_buffered(self, tp: TopicPartition) -> None:
         self._buffer = deque(r for r in self._buffer if (r.topic, r.partition) != tp)
 
@@ -306,11 +326,11 @@ class Consumer:
         check_int("timeout_ms", timeout_ms, 0)
         limit = self.config.max_poll_records if max_records is None else check_int("max_records", max_records, 1)
         deadline = self._clock.monotonic_ms() + timeout_ms
-        while not self._buffer:
+        while not self._handable():
             # fetches and resets that finished since the last poll first: poll(0) (Kafka's poll(Duration.ZERO))
             # returns what has arrived; it used to give up before looking at them, and a loop of it got nothing
             self._collect([t for t in self._in_flight.values() if t.done()])
-            if self._buffer:
+            if self._handable():
                 break
             needs = self._positions.needs_reset()
             if needs:
@@ -328,9 +348,25 @@ class Consumer:
             self._check_open()  # before the results: close() cancelled the fetches
             self._collect(done)
         out: list[ConsumerRecord] = []
+        paused = self._positions.paused
+        if not paused:
+            while self._buffer and len(out) < limit:
+                out.append(self._buffer.popleft())
+            return out
+        kept: deque[ConsumerRecord] = deque()  # a paused partition's records wait, in order, for its resume
         while self._buffer and len(out) < limit:
-            out.append(self._buffer.popleft())
+            r = self._buffer.popleft()
+            (kept if (r.topic, r.partition) in paused else out).append(r)
+        kept.extend(self._buffer)
+        self._buffer = kept
         return out
+
+    def _handable(self) -> bool:
+        """Records in the buffer that poll may hand out: any, unless all are of paused partitions."""
+        paused = self._positions.paused
+        if not paused or not self._buffer:
+            return bool(self._buffer)
+        return any((r.topic, r.partition) not in paused for r in self._buffer)
 
     def _check_open(self) -> None:
         """Every public method but close, as Kafka's acquireAndEnsureOpen: once closed, a call raised nothing and

@@ -60,11 +60,13 @@ class Positions:
     def __init__(self) -> None:
         self._state: dict[TopicPartition, PartitionPosition] = {}  # in the order fetches list them
         self._assigned: list[TopicPartition] = []  # in the order assigned
+        self.paused: set[TopicPartition] = set()  # not fetched, and their records not handed out (Kafka's pause)
 
     def assign(self, tps: Iterable[TopicPartition]) -> None:
         new = list(dict.fromkeys(tps))
         self._state = {tp: self._state.get(tp, PartitionPosition(None)) for tp in new}
         self._assigned = new
+        self.paused &= set(new)  # a partition that stays assigned stays paused, as in Kafka
 
     def assigned(self) -> list[TopicPartition]:
         return list(self._assigned)
@@ -109,7 +111,7 @@ class Positions:
         return [tp for tp, s in self._state.items() if s.offset is None]
 
     def fetchable(self) -> list[TopicPartition]:
-        return [tp for tp, s in self._state.items() if s.offset is not None]
+        return [tp for tp, s in self._state.items() if s.offset is not None and tp not in self.paused]
 
     def set_high_watermark(self, tp: TopicPartition, hw: int) -> None:
         s = self._state.get(tp)

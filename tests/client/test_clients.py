@@ -14,6 +14,7 @@ import pytest
 from client import Consumer, Producer, TopicPartition
 from client.accumulator import record_size
 from client.errors import CorruptRecordError, DeliveryTimeoutError, is_definite_failure
+from client.fetch_state import NotAssignedError
 from client.partitioner import partition_for_key
 from common.clock import ManualClock
 from common.errors import ErrorCode, MinibrokerError
@@ -732,6 +733,49 @@ async def test_a_partition_with_a_backlog_does_not_starve_the_next_one_on_its_le
         backlog_done_first = sum(f is not None and f.done() for f in backlog)
         await asyncio.wait_for(asyncio.gather(*[f for f in backlog if f is not None]), 30)
     assert backlog_done_first <= 100, backlog_done_first  # it went in the second request, or the third
+
+
+async def test_a_paused_partition_is_not_fetched_and_its_records_wait_for_resume(fake: FakeCluster) -> None:
+    a, b = TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)
+    async with Producer(fake.bootstrap, fast(linger_ms=0)) as producer:
+        for i in range(5):
+            await producer.send_and_wait(TOPIC, f"a{i}".encode(), partition=0)
+            await producer.send_and_wait(TOPIC, f"b{i}".encode(), partition=1)
+    async with Consumer(fake.bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=50) as consumer:
+        consumer.assign([a, b])
+        consumer.pause([a])
+        assert consumer.paused() == {a}
+        got: list[tuple[int, bytes | None]] = []
+        for _ in range(20):  # bounded
+            got += [(r.partition, r.value) for r in await consumer.poll(timeout_ms=100)]
+        assert got == [(1, f"b{i}".encode()) for i in range(5)]  # nothing of the paused partition
+        assert await consumer.position(a) == 0
+        consumer.resume([a, b])
+        assert consumer.paused() == set()
+        for _ in range(50):  # bounded
+            got += [(r.partition, r.value) for r in await consumer.poll(timeout_ms=100)]
+            if len(got) >= 10:
+                break
+        assert got[5:] == [(0, f"a{i}".encode()) for i in range(5)]
+        # records fetched before the pause wait for the resume, in order
+        consumer.seek(b, 0)
+        first = []
+        for _ in range(50):  # bounded
+            first = await consumer.poll(timeout_ms=100, max_records=1)
+            if first:
+                break
+        assert [(r.partition, r.offset) for r in first] == [(1, 0)]
+        consumer.pause([b])
+        assert await consumer.poll(timeout_ms=200) == []
+        consumer.resume([b])
+        assert [r.offset for r in await consumer.poll(timeout_ms=1000)] == [1, 2, 3, 4]
+        with pytest.raises(NotAssignedError):
+            consumer.pause([TopicPartition(TOPIC, 2)])
+        consumer.pause([a])
+        consumer.assign([a, TopicPartition(TOPIC, 2)])  # stays assigned: stays paused
+        assert consumer.paused() == {a}
+        consumer.assign([TopicPartition(TOPIC, 2)])
+        assert consumer.paused() == set()
 
 
 async def _read_then_cut(fake: FakeCluster, tp: TopicPartition, consumer: Consumer, cut: int, new: int) -> None:

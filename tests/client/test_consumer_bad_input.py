@@ -193,7 +193,7 @@ async def test_every_call_after_close_raises_and_opens_nothing(fake: FakeCluster
         "seek_to_beginning": c.seek_to_beginning, "seek_to_end": c.seek_to_end,
         "end_offsets": lambda: c.end_offsets([TP0]), "beginning_offsets": lambda: c.beginning_offsets([TP0]),
         "list_offsets": lambda: c.list_offsets([TP0], -3), "offsets_for_times": lambda: c.offsets_for_times({TP0: 0}),
-        "poll": c.poll,
+        "poll": c.poll, "pause": lambda: c.pause([TP0]), "resume": lambda: c.resume([TP0]), "paused": c.paused,
     }
     for name, call in calls.items():
         with pytest.raises(RuntimeError, match="consumer is closed"):
