@@ -36,7 +36,17 @@ from common.errors import ErrorCode, MinibrokerError, error_for
 from common.http import RpcBadRequest, RpcClient, RpcError, fetch_response_limit
 from common.logging import get_logger
 from common.wire import MAX_FETCH_WAIT_MS, MAX_INT64, TopicPartition
-from storage.record_batch import TIMESTAMP_TYPE_BIT, InvalidBatchError, decode_records, iter_batches
+from storage.record_batch import (
+    LOG_OVERHEAD,
+    MAGIC,
+    MIN_BATCH_LENGTH,
+    TIMESTAMP_TYPE_BIT,
+    InvalidBatchError,
+    compute_crc,
+    decode_records,
+    iter_batches,
+    peek_size,
+)
 
 log = get_logger(__name__)
 
@@ -98,6 +108,7 @@ class ConsumerConfig:
     fetch_max_bytes: int = 50 * 1024 * 1024
     max_partition_fetch_bytes: int = 1024 * 1024
     max_poll_records: int = 500
+    check_crcs: bool = True  # Kafka's check.crcs: each fetched batch's CRC-32C is checked before its records
     request_timeout_ms: int = 30_000
     retry_backoff_ms: int = 100
 
@@ -126,25 +137,35 @@ class _FetchResult:
     failed: dict[TopicPartition, str] = field(default_factory=dict)  # a reset's partitions without an offset
 
 
-def decode_fetched(tp: TopicPartition, data: bytes, high_watermark: int,
+def decode_fetched(tp: TopicPartition, data: bytes, high_watermark: int, *, check_crcs: bool = True,
                    ) -> tuple[list[tuple[int, ConsumerRecord]], int, CorruptRecordError | None]:
     """Records of whole batches in ``data`` below the HW, with their batch's leader epoch; the
-    offset after the last whole batch (-1 if none); and, if a batch's records do not decode, the
-    error for it (the records of the batches before it are returned, as Kafka's consumer hands out
-    what precedes a corrupt record and fails only when the position reaches it)."""
+    offset after the last whole batch (-1 if none); and, if a batch fails its CRC (``check_crcs``, Kafka's
+    ``check.crcs``), is not magic 2 or its records do not decode, the error for it (the records of the
+    batches before it are returned, as Kafka's consumer hands out what precedes a corrupt record and fails
+    only when the position reaches it). So is a batch whose length field is impossible, where a consumer
+    used to stop there without a word."""
     out: list[tuple[int, ConsumerRecord]] = []
     next_offset = -1
     topic, partition = tp
     limit = high_watermark if high_watermark >= 0 else 2**63
+    end = 0
     for pos, header in iter_batches(data):
         base, epoch, first_ts = header.base_offset, header.partition_leader_epoch, header.first_timestamp
+        end = pos + header.size
         # record_timestamp's rule, inlined (per record): LogAppendTime -> the batch's max timestamp for all
         append_time = header.max_timestamp if header.attributes & TIMESTAMP_TYPE_BIT else None
         try:
+            if header.magic != MAGIC:
+                raise InvalidBatchError(f"magic {header.magic}, expected {MAGIC}")
+            if check_crcs and compute_crc(data, pos, header.size) != header.crc:
+                # Kafka's consumer checks it by default (CompletedFetch.maybeEnsureValid): a byte gone bad on a
+                # leader's disk below its recovery point is served as it is, by Kafka's broker and by ours
+                raise InvalidBatchError(f"its CRC-32C is not the {header.crc:#010x} stored in it")
             records = decode_records(data, pos)
         except InvalidBatchError as exc:
             return out, next_offset, CorruptRecordError(
-                f"{topic}-{partition}: the batch at offset {base} does not decode ({exc}); seek past offset "
+                f"{topic}-{partition}: the batch at offset {base} is corrupt ({exc}); seek past offset "
                 f"{base + header.last_offset_delta} to go on consuming")
         next_offset = base + header.last_offset_delta + 1
         for r in records:
@@ -154,6 +175,17 @@ def decode_fetched(tp: TopicPartition, data: bytes, high_watermark: int,
             timestamp = first_ts + r.timestamp_delta if append_time is None else append_time
             out.append((epoch, ConsumerRecord(topic, partition, offset, timestamp, r.key, r.value,
                                               tuple(r.headers) if r.headers else ())))
+    if end < len(data):
+        # Bytes after the whole batches: the start of a batch max_bytes cut short, unless its length field is one
+        # no batch can have (Kafka's FileLogInputStream refuses it with a CorruptRecordException), or they are
+        # all there is (a broker sends the first batch whole, however large). A consumer used to stop there
+        # without a word, fetching the same bytes again and again.
+        length = peek_size(data, end) - LOG_OVERHEAD if len(data) - end >= LOG_OVERHEAD else -1
+        if end == 0 or length < MIN_BATCH_LENGTH:
+            where = f"after offset {next_offset - 1}" if next_offset >= 0 else "at the fetch offset"
+            return out, next_offset, CorruptRecordError(
+                f"{topic}-{partition}: the data {where} is not a whole record batch (length field {length}, "
+                f"{len(data) - end} bytes)")
     return out, next_offset, None
 
 
@@ -568,7 +600,8 @@ class Consumer:
             self._fetch_errors.pop(tp, None)
             hw = int(p.get("high_watermark", -1))
             self._positions.set_high_watermark(tp, hw)
-            records, next_offset, corrupt = decode_fetched(tp, p.get("records") or b"", hw)
+            records, next_offset, corrupt = decode_fetched(tp, p.get("records") or b"", hw,
+                                                           check_crcs=self.config.check_crcs)
             accepted = self._positions.accept(tp, fetch_offset, records)
             if accepted:
                 self._positions.move_to_end(tp)
