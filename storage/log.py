@@ -312,6 +312,13 @@ class Log:
             self._log.warning("epoch_checkpoint_disagrees_with_log", offset=epoch_mismatch,
                               entries=[(e.epoch, e.start_offset) for e in self.epoch_cache.entries()])
             self._rebuild_epochs()
+        elif (contradicted := self._epochs_of_end_batches_contradicted()) is not None:
+            # after a clean stop no batch is validated against the cache, so a checkpoint that parses but is
+            # wrong (one changed digit) was believed: a leader then refused every append as stale, a follower
+            # every fetched batch. The first and the last batch are read (two headers) to check it.
+            self._log.warning("epoch_checkpoint_disagrees_with_log", offset=contradicted,
+                              entries=[(e.epoch, e.start_offset) for e in self.epoch_cache.entries()])
+            self._rebuild_epochs()
         # Entries past the LEO describe lost data; one AT the LEO is a leader's assignment with no data yet.
         self.epoch_cache.truncate_from_end(self.log_end_offset + 1)
         if not self.epoch_cache.entries() and self.log_end_offset > self.log_start_offset:
@@ -326,6 +333,30 @@ class Log:
         self._log.info("log_opened", log_start_offset=self.log_start_offset, offset=self.log_end_offset,
                        segments=len(self.segments), leader_epoch=self.epoch_cache.latest_epoch(),
                        producers=len(self.producer_state))
+
+    def _epochs_of_end_batches_contradicted(self) -> int | None:
+        """During ``_load``: the base offset of the first batch at the log start, or of the last batch, when
+        the epoch cache says another epoch held it than the batch carries (None when both agree; a batch that
+        carries no epoch, or an empty cache, is left to the rules after the call in ``_load``)."""
+        if not self.epoch_cache.entries() or self.log_end_offset <= self.log_start_offset:
+            return None
+        ends = []
+        for seg in self.segments:  # the first batch holding an offset at or past the log start
+            if seg.size and seg.next_offset > self.log_start_offset:
+                ends.append(seg.position_of(self.log_start_offset))
+                break
+        last = next((seg for seg in reversed(self.segments) if seg.size), None)
+        if last is not None:
+            ends.append(last.position_of(last.next_offset - 1))
+        for found in ends:
+            if found is None:
+                continue
+            header = found[1]
+            epoch = header.partition_leader_epoch
+            if epoch >= 0 and self.epoch_cache.epoch_for_offset(max(header.base_offset,
+                                                                     self.log_start_offset)) != epoch:
+                return header.base_offset
+        return None
 
     def _clean_directory(self) -> list[int]:
         """Remove leftovers (temp files, orphan indexes); the sorted segment base offsets."""

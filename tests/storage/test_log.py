@@ -11,6 +11,7 @@ from common.clock import ManualClock
 from common.wire import TopicPartition
 from storage import record_batch as rb
 from storage.log import (
+    EPOCH_CHECKPOINT,
     MAX_TIMESTAMP,
     Log,
     LogConfig,
@@ -820,6 +821,24 @@ def test_a_truncation_logs_segments_truncated_at_debug_not_the_brokers_log_trunc
     events = [(r.getMessage().split()[0], r.levelname) for r in caplog.records if r.name == "storage.log"]
     assert events == [("segments_truncated", "DEBUG")]
     assert "offset=2 previous_offset=4 leader_epoch=0" in caplog.records[-1].getMessage()
+    log.close()
+
+
+@pytest.mark.parametrize("checkpoint_text", ["0\n1\n9 0\n", "0\n2\n0 0\n1 2\n", "0\n1\n2 0\n"])
+def test_an_epoch_checkpoint_that_parses_but_is_wrong_is_rebuilt_after_a_clean_stop(
+        pdir: Path, checkpoint_text: str) -> None:
+    # Found by review: after a clean stop no batch is checked against the cache, and a checkpoint with one digit
+    # changed was believed: as leader the log refused every append as stale (epoch 2 < latest 9), as follower
+    # every fetched batch; a consumer was sent back to offset 0 again and again
+    log = open_log(pdir)
+    for epoch in (0, 1, 2):
+        log.append_as_leader(batch(2), epoch)  # epochs 0, 1, 2 start at 0, 2, 4
+    end = log.log_end_offset
+    log.close()
+    (pdir / EPOCH_CHECKPOINT).write_text(checkpoint_text)
+    log = Log.open(pdir, LogConfig(), ManualClock(TS), recovery_point=end, log_start_offset=0)
+    assert [(e.epoch, e.start_offset) for e in log.epoch_cache.entries()] == [(0, 0), (1, 2), (2, 4)]
+    assert log.append_as_leader(batch(1), 2).first_offset == 6
     log.close()
 
 
