@@ -28,6 +28,7 @@ from storage.epoch_cache import LeaderEpochCache
 from storage.index import IndexRule, SparseIndex
 from storage.record_batch import (
     HEADER_SIZE,
+    MAGIC,
     MIN_BATCH_LENGTH,
     BatchHeader,
     InvalidBatchError,
@@ -135,12 +136,16 @@ class LogSegment:
 
     def reload_tail(self) -> bool:
         """Next offset, running max timestamp and index spacing from a header scan after the last
-        index entry; False if the scan does not end exactly at the end of the file."""
+        index entry; False if the scan does not end exactly at the end of the file, or a header there is
+        not one (magic, record count against last offset delta, offsets following on): a batch whose bytes
+        after its first 16 went bad was taken for whole, the log's end put inside it."""
         start = self.offsets.values[-1] if self.offsets else 0
         next_offset = self.offsets.keys[-1] if self.offsets else self.base_offset
         max_ts = self.times.keys[-1] if self.times else ix.NO_TIMESTAMP
         end = start
         for pos, h in self.scan(start):
+            if h.base_offset != next_offset or not _plausible(h):
+                return False
             next_offset = h.next_offset
             max_ts = max(max_ts, h.max_timestamp)
             end = pos + h.size
@@ -225,8 +230,8 @@ class LogSegment:
         max_ts = times.keys[-1] if times else ix.NO_TIMESTAMP
         epoch = -1
         for p, h in self.scan(start):
-            if h.base_offset >= from_offset or h.base_offset != expected:
-                break
+            if h.base_offset >= from_offset or h.base_offset != expected or not _plausible(h):
+                break  # validated from here: a header gone bad after its length field is caught there
             max_ts = max(max_ts, h.max_timestamp)
             pos, expected, epoch = p + h.size, h.next_offset, h.partition_leader_epoch
         self.offsets, self.times = offsets, times
@@ -486,6 +491,12 @@ def _walk(buf: bytes, start: int, max_bytes: int, limit: int, min_one_batch: boo
         end = pos + size
         pos += size
     return first, end
+
+
+def _plausible(h: BatchHeader) -> bool:
+    """The header fields a scan can check besides the length (the CRC needs the whole batch): magic 2, and a
+    record count that matches the last offset delta."""
+    return h.magic == MAGIC and h.record_count >= 1 and h.last_offset_delta == h.record_count - 1
 
 
 def _check(buf: mmap.mmap, pos: int, expected: int) -> str | None:

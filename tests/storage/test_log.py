@@ -796,6 +796,50 @@ def test_recovery_keeps_offsets_contiguous_below_the_recovery_point(pdir: Path) 
     log.close()
 
 
+@pytest.mark.parametrize("damage", ["zero_after_prefix", "magic"])
+def test_a_last_batch_whose_header_went_bad_is_cut_after_a_clean_stop(pdir: Path, damage: str) -> None:
+    # Found by review: the header scan of a segment below the recovery point checked only the batch length, so
+    # a batch whose bytes after its first 16 were zeroed was taken for whole: the log's end fell inside it
+    # (397 in a batch 397-399) and a follower failed every fetch after it
+    log = open_log(pdir)
+    for _ in range(4):
+        log.append_as_leader(batch(3), 0)
+    end = log.log_end_offset
+    log.close()
+    seg = pdir / f"{0:020d}.log"
+    data = bytearray(seg.read_bytes())
+    last = [p for p, _ in iter_batches(data)][-1]
+    if damage == "zero_after_prefix":
+        data[last + 16:] = bytes(len(data) - last - 16)
+    else:
+        data[last + 16] = 0  # magic
+    seg.write_bytes(bytes(data))
+    log = Log.open(pdir, LogConfig(), ManualClock(TS), recovery_point=end, log_start_offset=0)
+    assert log.log_end_offset == 9 and seg.stat().st_size == last
+    assert log.append_as_leader(batch(1), 0).first_offset == 9
+    log.close()
+
+
+def test_a_header_gone_bad_at_the_end_of_an_older_segment_is_not_trusted(pdir: Path) -> None:
+    # the same damage in a segment below the recovery point, opened with its indexes (the tail after the last
+    # index entry is scanned): the batch is validated, and cut
+    cfg = LogConfig(segment_bytes=600)
+    log = Log.open(pdir, cfg, ManualClock(TS))
+    for i in range(12):
+        log.append_as_leader(batch(2, tag=i, size=20), 0)
+    assert len(log.segments) > 2
+    first_end, end = log.segments[0].next_offset, log.log_end_offset
+    log.close()
+    seg = pdir / f"{0:020d}.log"
+    data = bytearray(seg.read_bytes())
+    last = [p for p, _ in iter_batches(data)][-1]
+    data[last + 16:] = bytes(len(data) - last - 16)
+    seg.write_bytes(bytes(data))
+    log = Log.open(pdir, cfg, ManualClock(TS), recovery_point=end, log_start_offset=0)
+    assert log.segments[0].next_offset == first_end - 2  # the damaged batch's base: its two offsets are gone
+    log.close()
+
+
 def test_an_empty_segment_holds_no_batch_for_any_offset(pdir: Path) -> None:
     # an empty segment answers None (nothing here) even for an offset below its base, so Log.read moves on
     # to the next segment rather than returning nothing for ever
