@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from broker.requests import FetchPartitionRequest
 from common.clock import Clock
 from common.config import Config
-from common.errors import ErrorCode
+from common.errors import ErrorCode, MinibrokerError
 from common.logging import get_logger
 from common.wire import TopicPartition
 from fetcher.api import FollowerPartitions, InitialFetchState
@@ -380,8 +380,15 @@ class FetcherTask:
             except LeaderUnavailableError:
                 raise
             except Exception as exc:  # a storage or broker-side failure parks this partition only
-                self._log.exception("fetcher_partition_failed", topic=tp.topic, partition=tp.partition,
-                                    leader_epoch=state.current_leader_epoch, offset=state.fetch_offset)
+                if isinstance(exc, (MinibrokerError, InvalidBatchError)):
+                    # the logs disagree, or the leader's data is bad (e.g. damaged on its disk): a warning that
+                    # says so, once per retry; a traceback of it was logged every second
+                    self._log.warning("fetcher_partition_failed", topic=tp.topic, partition=tp.partition,
+                                      leader_epoch=state.current_leader_epoch, offset=state.fetch_offset,
+                                      error=f"{type(exc).__name__}: {exc}")
+                else:
+                    self._log.exception("fetcher_partition_failed", topic=tp.topic, partition=tp.partition,
+                                        leader_epoch=state.current_leader_epoch, offset=state.fetch_offset)
                 current = self._states.get(tp)
                 if current is not None:
                     if isinstance(exc, OffsetMismatchError):

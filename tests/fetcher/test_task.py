@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import replace
 from pathlib import Path
 
@@ -551,7 +552,13 @@ class CorruptingLeader(FakeLeader):
         return FetchResponse(response.error, parts)
 
 
-async def test_corrupt_data_parks_the_partition_and_appends_nothing(tmp_path: Path, clock: ManualClock) -> None:
+def _partition_failures(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.getMessage().startswith("fetcher_partition_failed")]
+
+
+async def test_corrupt_data_parks_the_partition_and_appends_nothing(tmp_path: Path, clock: ManualClock,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
     s = Setup(tmp_path, clock)
     s.leader = CorruptingLeader()
     s.task = FetcherTask(0, s.leader, s.follower, CONFIG, clock)
@@ -564,6 +571,8 @@ async def test_corrupt_data_parks_the_partition_and_appends_nothing(tmp_path: Pa
         state = s.task.fetch_state(TP)
         assert f.log_end_offset == 0 and state is not None and state.is_parked(clock.monotonic_ms())
         assert s.task.stats.partition_errors == 1
+        # the leader's data is bad: a warning that says so, not an error with a traceback (one every retry)
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
         s.leader.corrupt = False
         clock.advance(CONFIG.backoff_ms)
         await s.converge()
@@ -715,8 +724,10 @@ async def test_a_diverging_epoch_that_changes_nothing_parks_instead_of_spinning(
         s.close()
 
 
-async def test_batch_bounds_that_disagree_park_and_recheck_epochs(setup: Setup) -> None:
+async def test_batch_bounds_that_disagree_park_and_recheck_epochs(setup: Setup,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
     """The leader's batch holding our LEO starts below it: nothing is appended, the epochs are re-checked."""
+    caplog.set_level(logging.INFO)
     f, ld = setup.log("f"), setup.log("l")
     ld.append_as_leader(batch(3, setup.clock), 0)  # leader: one batch 0..2
     f.append_as_leader(batch(2, setup.clock), 0)   # follower: one batch 0..1 (cannot happen with sane peers)
@@ -726,6 +737,9 @@ async def test_batch_bounds_that_disagree_park_and_recheck_epochs(setup: Setup) 
     state = setup.task.fetch_state(TP)
     assert f.log_end_offset == 2
     assert state is not None and state.status is FetchStatus.TRUNCATING and state.is_parked(setup.clock.monotonic_ms())
+    [failure] = _partition_failures(caplog)
+    assert failure.levelno == logging.WARNING and failure.exc_info is None
+    assert "OffsetMismatchError" in failure.getMessage()
 
 
 async def test_a_log_that_fails_during_truncation_parks_only_its_partition(setup: Setup) -> None:
