@@ -446,7 +446,9 @@ class Log:
         batches below an X <= the LEO are the ones it describes. Snapshots above the LEO, and damaged ones,
         are deleted (durably: a later truncation must not find one it does not know about); a damaged one
         falls back to the next older."""
-        found = sorted(o for o in (snapshot_offset(p.name) for p in self.dir.iterdir()) if o is not None)
+        # regular files only, as Kafka's isSnapshotFile: a directory so named failed the whole broker's start
+        found = sorted(o for o in (snapshot_offset(p.name) for p in self.dir.iterdir() if p.is_file())
+                       if o is not None)
         doomed = [o for o in found if o > self.log_end_offset]
         for offset in doomed:
             self._log.warning("producer_snapshot_ahead_of_log", snapshot_offset=offset, offset=self.log_end_offset)

@@ -258,6 +258,20 @@ def test_a_reopen_replays_only_the_batches_after_the_snapshot(pdir: Path) -> Non
     log.close()
 
 
+def test_a_directory_named_as_a_snapshot_is_ignored(pdir: Path) -> None:
+    # Found by review: the open read and then unlinked it, and IsADirectoryError stopped the whole broker's start
+    log = open_log(pdir)
+    log.append_as_leader(ibatch(0), 0)
+    log.close()  # snapshot at offset 2
+    snapshot_path(pdir, 2).unlink()
+    snapshot_path(pdir, 2).mkdir()
+    snapshot_path(pdir, 1).mkdir()
+    log = open_log(pdir)  # the state comes from the batches
+    entry = log.producer_state.entry(PID)
+    assert entry is not None and [m.first_offset for m in entry.batches] == [0]
+    log.close()
+
+
 def test_a_damaged_snapshot_falls_back_to_the_scan_with_a_warning(pdir: Path) -> None:
     log = open_log(pdir)
     log.append_as_leader(ibatch(0), 0)
