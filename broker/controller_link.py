@@ -21,7 +21,7 @@ from common.config import Config
 from common.errors import ErrorCode
 from common.http import RpcClient, RpcError
 from common.logging import get_logger
-from common.wire import TopicPartition
+from common.wire import TopicPartition, is_cluster_id
 
 log = get_logger("broker")
 
@@ -32,7 +32,7 @@ SHUTDOWN_CALL_TIMEOUT_MS = 5_000  # one unanswered controlled-shutdown call: giv
 
 class ControllerLink:
     def __init__(self, rm: ReplicaManager, controller: str, host: str, port: int, config: Config,
-                 clock: Clock) -> None:
+                 clock: Clock, *, cluster_id: str | None = None) -> None:
         self._rm = rm
         self._controller = controller
         self._host = host
@@ -49,6 +49,11 @@ class ControllerLink:
         self._want_shutdown = False
         self.registered = asyncio.Event()
         self.on_registered: Callable[[], None] | None = None  # e.g. fetch a first producer-id block
+        # the cluster the data dir belongs to (None: not yet recorded), sent with each registration; the first
+        # registration's answer names it, and on_cluster_id records it
+        self.cluster_id = cluster_id
+        self.on_cluster_id: Callable[[str], None] | None = None
+        self._told_inconsistent = False
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -103,7 +108,7 @@ class ControllerLink:
 
     async def _register(self) -> None:
         body = {"node_id": self._rm.broker_id, "host": self._host, "port": self._port,
-                "incarnation_id": self.incarnation_id}
+                "incarnation_id": self.incarnation_id, "cluster_id": self.cluster_id}
         try:
             resp = await self._rpc.call(self._controller, "broker_registration", body,
                                         timeout_s=self._liveness_timeout_s())
@@ -118,9 +123,23 @@ class ControllerLink:
             log.warning("registration_refused", broker_id=self._rm.broker_id, error=error.name,
                         hint="another incarnation of this node id holds a session; retrying until it ends")
             return
+        if error is ErrorCode.INCONSISTENT_CLUSTER_ID:
+            # Kafka's broker keeps asking (BrokerLifecycleManager); it never registers, so it gets no partition
+            event = dict(broker_id=self._rm.broker_id, error=error.name, cluster_id=self.cluster_id,
+                         controller_cluster_id=resp.get("cluster_id"), controller=self._controller,
+                         hint="this broker's data dir belongs to another cluster: point --controller at that "
+                              "cluster's controller, or start this broker with an empty --data-dir")
+            (log.warning if self._told_inconsistent else log.error)("registration_refused", **event)
+            self._told_inconsistent = True
+            return
         if error is not ErrorCode.NONE or epoch < 0:
             log.warning("registration_refused", broker_id=self._rm.broker_id, error=error.name)
             return
+        named = resp.get("cluster_id")
+        if self.cluster_id is None and is_cluster_id(named):
+            self.cluster_id = named
+            if self.on_cluster_id is not None:
+                self.on_cluster_id(named)
         self._rm.broker_epoch = epoch
         self.registered.set()
         if self.on_registered is not None:

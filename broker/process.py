@@ -48,7 +48,7 @@ from common.digits import parse_digits
 from common.fsutil import DirLockedError, lock_dir
 from common.hostport import split_host_port
 from common.logging import get_logger
-from common.wire import HOST_RULE, MAX_INT32, is_host
+from common.wire import HOST_RULE, MAX_INT32, is_cluster_id, is_host
 from storage.checkpoint import read_properties, write_atomic
 
 log = get_logger("broker")
@@ -106,13 +106,15 @@ def _unusable_meta(path: Path, data_dir: Path, what: str) -> DataDirError:
                         f"data dir, remove {path} and start again")
 
 
-def check_meta(data_dir: Path, node_id: int) -> str:
-    """Create the data dir and meta.properties, or refuse a dir that belongs to another node. -> cluster id."""
+def check_meta(data_dir: Path, node_id: int) -> str | None:
+    """Create the data dir and meta.properties, or refuse a dir that belongs to another node. -> the cluster
+    id the dir belongs to, None until the first registration recorded one (``record_cluster_id``; a dir
+    written before cluster ids says ``minibroker``, which counts as none)."""
     if os.path.lexists(data_dir) and not data_dir.is_dir():  # else mkdir's "[Errno 17] File exists"
         raise DataDirError(f"--data-dir {data_dir} exists and is not a directory")
     data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / META_FILE
-    cluster_id = DEFAULT_CLUSTER_ID
+    cluster_id: str | None = None
     existing = None
     if path.exists():
         try:
@@ -134,17 +136,30 @@ def check_meta(data_dir: Path, node_id: int) -> str:
             raise _unusable_meta(path, data_dir, f"node.id={_shown(owner)} is not an integer in [0, {MAX_INT32}]")
         if owner_id != node_id:
             raise DataDirError(f"data dir {data_dir} belongs to node.id={owner}, not {node_id}")
-        cluster_id = props.get("cluster.id", cluster_id)
+        cluster_id = props.get("cluster.id")
+        if cluster_id is not None and not is_cluster_id(cluster_id):
+            raise DataDirError(f"{path} has an unusable cluster.id ({_shown(cluster_id)}); it names the cluster "
+                               f"{data_dir} belongs to: restore it, or remove {path} to let the controller's "
+                               "cluster take the dir")
         with contextlib.suppress(OSError, UnicodeDecodeError):
             existing = path.read_text(encoding="utf-8")
-    wanted = f"version=1\nnode.id={node_id}\ncluster.id={cluster_id}\n"
+    _write_meta(path, node_id, cluster_id, existing)
+    return None if cluster_id == DEFAULT_CLUSTER_ID else cluster_id
+
+
+def record_cluster_id(data_dir: Path, node_id: int, cluster_id: str) -> None:
+    """The cluster a data dir now belongs to, in its meta.properties (at the first registration)."""
+    _write_meta(data_dir / META_FILE, node_id, cluster_id, None)
+
+
+def _write_meta(path: Path, node_id: int, cluster_id: str | None, existing: str | None) -> None:
+    wanted = f"version=1\nnode.id={node_id}\n" + (f"cluster.id={cluster_id}\n" if cluster_id is not None else "")
     if existing == wanted:  # as Kafka, not written again at every start: a full disk then halts on the logs
-        return cluster_id
+        return
     try:
         write_atomic(path, wanted)
     except OSError as exc:  # write_atomic removed its temp file
         raise DataDirError(f"cannot write {path}: {exc.strerror or exc}") from None
-    return cluster_id
 
 
 class BrokerProcess:
@@ -182,7 +197,7 @@ class BrokerProcess:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    async def _start(self, cluster_id: str) -> None:
+    async def _start(self, cluster_id: str | None) -> None:
         from fetcher.manager import ReplicaFetcherManager
 
         o = self.opts
@@ -198,8 +213,8 @@ class BrokerProcess:
             await log_manager.load()
         except StorageError as exc:  # names the partition dir and the error: one line, as Kafka's fatal
             raise DataDirError(f"cannot load the logs: {exc}") from None
-        rm = ReplicaManager(o.node_id, o.config, self.clock, log_manager, MetadataCache(cluster_id),
-                            BrokerMetrics())
+        rm = ReplicaManager(o.node_id, o.config, self.clock, log_manager,
+                            MetadataCache(cluster_id or DEFAULT_CLUSTER_ID), BrokerMetrics())
         rm.fetcher = ReplicaFetcherManager(rm, o.config, self.clock, registry=rm.metrics.registry)
         # retention never deletes past the HW; the manager's periodic flush/retention/checkpoints run here
         log_manager.high_watermarks = rm.high_watermarks
@@ -217,7 +232,8 @@ class BrokerProcess:
             adv_port = port
         self.address = f"{host}:{adv_port}"
         await rm.start()
-        self.link = ControllerLink(rm, o.controller, host, adv_port, o.config, self.clock)
+        self.link = ControllerLink(rm, o.controller, host, adv_port, o.config, self.clock, cluster_id=cluster_id)
+        self.link.on_cluster_id = self._record_cluster_id
         rm.alter_sender = self.link
         rm.producer_ids = ProducerIdManager(self.link.allocate_producer_ids, self.clock)
         self.link.on_registered = rm.producer_ids.prefetch
@@ -226,6 +242,18 @@ class BrokerProcess:
         write_atomic(o.data_dir / "pid", f"{os.getpid()}\n")
         log.info("broker_started", broker_id=o.node_id, endpoint=f"{o.listen_host}:{port}", advertised=self.address,
                  data_dir=str(o.data_dir), controller=o.controller)
+
+    def _record_cluster_id(self, cluster_id: str) -> None:
+        """The first registration named the cluster this data dir now belongs to: recorded, so that a later
+        start registering with another cluster's controller is refused (INCONSISTENT_CLUSTER_ID)."""
+        assert self.rm is not None
+        try:
+            record_cluster_id(self.opts.data_dir, self.opts.node_id, cluster_id)
+        except DataDirError as exc:
+            self._dir_failed(self.opts.data_dir, str(exc))
+            return
+        self.rm.metadata.cluster_id = cluster_id
+        log.info("cluster_id_recorded", broker_id=self.opts.node_id, cluster_id=cluster_id)
 
     def _dir_failed(self, data_dir: Path, error: str) -> None:
         """The data dir failed (the ``LogManager`` reports its first I/O error): log it, then halt.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Mapping
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeGuard, TypeVar
 
 import msgpack
 
@@ -90,6 +90,15 @@ def int_field(body: Mapping[str, Any], name: str, default: Any = _MISSING, *,
     if not lo <= value <= hi:
         raise BadRequest(f"field {name!r} out of range [{lo}, {hi}]: {value}")
     return value
+
+
+_CLUSTER_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def is_cluster_id(value: object) -> TypeGuard[str]:
+    """A cluster id as a controller makes them (22 base64url characters) or an operator could: 1-64 ASCII
+    letters, digits, '_' and '-'."""
+    return isinstance(value, str) and _CLUSTER_ID_RE.fullmatch(value) is not None
 
 
 MAX_TOPIC_NAME_LENGTH = 249

@@ -13,8 +13,10 @@ timeout, so leaders keep serving while brokers heartbeat the new controller.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import random
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,9 +27,9 @@ from common.clock import Clock
 from common.config import Config
 from common.errors import ErrorCode
 from common.logging import get_logger
-from common.wire import TopicPartition
+from common.wire import TopicPartition, is_cluster_id
 from controller import ops
-from controller.journal import Journal, JournalBrokenError
+from controller.journal import Journal, JournalBrokenError, JournalCorruptError
 from controller.propagator import DELETE_EPOCH, Propagator, Transport
 from controller.rules import ElectionReason, expired_brokers
 from controller.state import (
@@ -39,6 +41,7 @@ from controller.state import (
     TopicRecord,
     TopicStoppedRecord,
 )
+from storage.checkpoint import read_properties, write_atomic
 
 log = get_logger("controller")
 
@@ -108,6 +111,7 @@ class Controller:
         self._tasks: list[asyncio.Task[None]] = []
         self._stall_guard = stall_guard  # off in tests that move a ManualClock by hand
         self.fatal = asyncio.Event()  # set when the controller cannot go on (journal write failed)
+        self.cluster_id = ""  # from the data dir's meta.properties at start (load_cluster_id)
 
     def _replicas_deleted(self, node_id: int, tps: list[TopicPartition]) -> None:
         """A broker acknowledged StopReplica(delete): record it (a task: the sender must not wait on the lock)."""
@@ -147,6 +151,11 @@ class Controller:
         """Replay, bump controller_epoch durably, then act."""
         journal, self.image = await asyncio.to_thread(Journal.open, self.data_dir)
         self._journal = journal
+        try:
+            self.cluster_id = await asyncio.to_thread(load_cluster_id, self.data_dir)
+        except BaseException:
+            journal.close()
+            raise
         if journal.truncated_bytes:
             log.warning("journal_torn_tail_truncated", bytes=journal.truncated_bytes)
         await self._commit(ops.Plan([ControllerEpochRecord(self.image.controller_epoch + 1)]))
@@ -313,6 +322,15 @@ class Controller:
                  incarnation_id=incarnation_id)
         self.propagator.full_sync(node_id)
         return ErrorCode.NONE, epoch
+
+    def check_cluster_id(self, node_id: int, cluster_id: str | None) -> ErrorCode:
+        """Kafka's registration check: a broker that names another cluster (its data dir's meta.properties)
+        is refused with INCONSISTENT_CLUSTER_ID; one that names none (a new data dir) takes this one."""
+        if cluster_id is None or cluster_id == self.cluster_id:
+            return ErrorCode.NONE
+        log.warning("broker_registration_refused", broker_id=node_id, error="INCONSISTENT_CLUSTER_ID",
+                    broker_cluster_id=cluster_id, cluster_id=self.cluster_id)
+        return ErrorCode.INCONSISTENT_CLUSTER_ID
 
     def _has_valid_session(self, node_id: int, incarnation_id: str) -> bool:
         """Another incarnation of ``node_id`` is registered, unfenced and heard from within the session
@@ -512,3 +530,35 @@ class Controller:
                 log.info("alter_partition_refused", broker_id=broker_id, topic=r.tp.topic,
                          partition=r.tp.partition, error=r.error.name)
         return ErrorCode.NONE, results
+
+
+META_FILE = "meta.properties"
+
+
+def load_cluster_id(data_dir: Path) -> str:
+    """The cluster id in ``data_dir``'s meta.properties, made on the first start (a random UUID in Kafka's
+    22-character base64url form) and kept for good: brokers record it at their first registration and are
+    refused by a controller with another (``Controller.check_cluster_id``). A file without a usable id is
+    damage (JournalCorruptError), not a reason to make a new one, which every broker would then be refused."""
+    path = data_dir / META_FILE
+    if not path.exists():
+        cluster_id = new_cluster_id()
+        try:
+            write_atomic(path, f"version=1\ncluster.id={cluster_id}\n")
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from None
+        log.info("cluster_id_created", cluster_id=cluster_id)
+        return cluster_id
+    try:
+        found = read_properties(path).get("cluster.id")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise JournalCorruptError(f"cannot read {path}: {exc}") from None
+    if found is None or not is_cluster_id(found):
+        raise JournalCorruptError(f"{path} has no usable cluster.id ({'none' if found is None else repr(found[:80])}); "
+                                  "the brokers of this cluster recorded it: restore the file, or start the whole "
+                                  "cluster from empty data dirs")
+    return found
+
+
+def new_cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")

@@ -29,6 +29,7 @@ from common.wire import (
     host_field,
     int_field,
     int_list,
+    is_cluster_id,
     list_field,
     map_items,
 )
@@ -77,8 +78,15 @@ async def broker_registration(c: Controller, body: dict[str, Any]) -> dict[str, 
     host = host_field(body)  # it becomes part of every URL other brokers and clients build for this broker
     port = int_field(body, "port", lo=1, hi=65535)
     incarnation = _incarnation_id(body)
-    error, epoch = await c.register_broker(node_id, host, port, incarnation)
-    return {"error": int(error), "broker_epoch": epoch}
+    cluster_id = body.get("cluster_id")  # the broker's meta.properties; absent or nil for a new data dir
+    if cluster_id is not None and not is_cluster_id(cluster_id):
+        raise BadRequest(f"field 'cluster_id' must be 1-64 ASCII letters, digits, '_' or '-', "
+                         f"got {str(cluster_id)[:80]!r}")
+    error = c.check_cluster_id(node_id, cluster_id)
+    epoch = -1
+    if error is ErrorCode.NONE:
+        error, epoch = await c.register_broker(node_id, host, port, incarnation)
+    return {"error": int(error), "broker_epoch": epoch, "cluster_id": c.cluster_id}
 
 
 MAX_INCARNATION_ID_LENGTH = 64
@@ -188,10 +196,10 @@ async def metadata(c: Controller, body: dict[str, Any]) -> dict[str, Any]:
     topics = body.get("topics")
     if topics is not None and (not isinstance(topics, list) or not all(isinstance(t, str) for t in topics)):
         raise BadRequest("field 'topics' must be a list of strings or nil")
-    return metadata_document(c.image, topics)
+    return metadata_document(c.image, topics, c.cluster_id)
 
 
-def metadata_document(image: MetadataImage, topics: list[str] | None) -> dict[str, Any]:
+def metadata_document(image: MetadataImage, topics: list[str] | None, cluster_id: str) -> dict[str, Any]:
     live = {b for b, reg in image.brokers.items() if not reg.fenced}
     names = sorted(image.topics) if topics is None else topics
     out = []
@@ -208,13 +216,14 @@ def metadata_document(image: MetadataImage, topics: list[str] | None) -> dict[st
                           "replicas": list(st.replicas), "isr": list(st.isr),
                           "offline_replicas": [r for r in st.replicas if r not in live]})
         out.append({"topic": name, "error": 0, "configs": dict(image.topics[name]), "partitions": parts})
-    return {"cluster_id": None, "controller_id": CONTROLLER_ID, "controller_epoch": image.controller_epoch,
+    return {"cluster_id": cluster_id or None, "controller_id": CONTROLLER_ID,
+            "controller_epoch": image.controller_epoch,
             "brokers": [image.brokers[b].endpoint() for b in sorted(live)], "topics": out}
 
 
 async def status(request: web.Request) -> web.Response:
     c = request.app[CONTROLLER_KEY]
-    doc = metadata_document(c.image, None)
+    doc = metadata_document(c.image, None, c.cluster_id)
     brokers = [{"node_id": reg.node_id, "host": reg.host, "port": reg.port, "broker_epoch": reg.broker_epoch,
                 "fenced": reg.fenced, "shutting_down": reg.node_id in c.shutting_down}
                for _, reg in sorted(c.image.brokers.items())]

@@ -215,3 +215,66 @@ async def test_controlled_shutdown_that_keeps_failing_ends_at_its_deadline(
         assert len(fc.shutdown_requests) >= 2
         assert messages(caplog, "controlled_shutdown_timed_out") and not messages(caplog, "controlled_shutdown_done")
         assert messages(caplog, "broker_stopped")
+
+
+@contextlib.asynccontextmanager
+async def real_controller(data_dir: Path) -> AsyncIterator[tuple[str, Any]]:
+    """A real controller (its app on 127.0.0.1) with its own data dir, hence its own cluster id."""
+    from common.config import controller_config
+    from controller.controller import Controller
+    from controller.server import make_app
+
+    controller = Controller(data_dir, controller_config({"broker.session.timeout.ms": 3000}), SystemClock())
+    runner = web.AppRunner(make_app(controller), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"127.0.0.1:{runner.addresses[0][1]}", controller
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_data_dir_of_another_cluster_is_refused_at_registration(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """Found by review: a broker whose data dir came from another cluster (the same node id) registered,
+    truncated to and joined the ISR, and as leader served that cluster's records. As Kafka: the first
+    registration records the controller's cluster id in meta.properties, and a controller of another
+    cluster refuses the broker (INCONSISTENT_CLUSTER_ID) for as long as it asks; it never gets a partition."""
+    caplog.set_level(logging.INFO)
+    data_dir = tmp_path / "b1"
+
+    async def run_broker(controller: str) -> BrokerProcess:
+        opts = BrokerOptions(1, "127.0.0.1", 0, controller, data_dir, None,
+                             broker_config({"broker.heartbeat.interval.ms": 200}))
+        proc = BrokerProcess(opts, on_dir_failure=lambda _d, _e: None)
+        await proc.start()
+        return proc
+
+    async with real_controller(tmp_path / "cluster-a") as (address, a):
+        proc = await run_broker(address)
+        try:
+            assert proc.link is not None
+            await asyncio.wait_for(proc.link.registered.wait(), 20)
+            assert f"cluster.id={a.cluster_id}\n" in (data_dir / "meta.properties").read_text()
+            assert proc.rm is not None and proc.rm.metadata.cluster_id == a.cluster_id
+        finally:
+            await proc.stop()
+    async with real_controller(tmp_path / "cluster-b") as (address, b):
+        assert b.cluster_id != a.cluster_id
+        proc = await run_broker(address)
+        try:
+            deadline = time.monotonic() + 20
+            while not _refusals(caplog):
+                assert time.monotonic() < deadline, "no registration_refused"
+                await asyncio.sleep(0.05)
+            [first] = _refusals(caplog)[:1]
+            assert first.levelno == logging.ERROR and "INCONSISTENT_CLUSTER_ID" in first.getMessage()
+            assert f"cluster_id='{a.cluster_id}'" in first.getMessage() and "empty --data-dir" in first.getMessage()
+            assert proc.link is not None and not proc.link.registered.is_set() and not b.image.brokers
+        finally:
+            await proc.stop()
+    assert f"cluster.id={a.cluster_id}\n" in (data_dir / "meta.properties").read_text()
+
+
+def _refusals(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.getMessage().startswith("registration_refused")]

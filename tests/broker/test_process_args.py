@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.process import DEFAULT_CLUSTER_ID, DataDirError, check_meta
+from broker.process import DEFAULT_CLUSTER_ID, DataDirError, check_meta, record_cluster_id
 from tests.procs import REPO
 
 
@@ -137,8 +137,22 @@ def test_meta_properties_of_this_node_is_kept(tmp_path: Path) -> None:
 def test_meta_properties_already_as_wanted_is_not_written_again(tmp_path: Path) -> None:
     # as Kafka: a restart on a full disk then gets as far as the logs (it failed here at once, and a broker
     # that had just started registering held its session from the next start)
-    assert check_meta(tmp_path, 3) == DEFAULT_CLUSTER_ID
+    assert check_meta(tmp_path, 3) is None  # a new dir: no cluster until the first registration records one
     path = tmp_path / "meta.properties"
+    assert path.read_text() == "version=1\nnode.id=3\n"
     before = path.stat().st_ino
-    assert check_meta(tmp_path, 3) == DEFAULT_CLUSTER_ID
+    assert check_meta(tmp_path, 3) is None
     assert path.stat().st_ino == before  # not replaced (a write goes through a temp file and a rename)
+    record_cluster_id(tmp_path, 3, "Zx9-abc_DEF")
+    assert path.read_text() == "version=1\nnode.id=3\ncluster.id=Zx9-abc_DEF\n"
+    before = path.stat().st_ino
+    assert check_meta(tmp_path, 3) == "Zx9-abc_DEF"
+    assert path.stat().st_ino == before
+
+
+def test_a_meta_properties_from_before_cluster_ids_names_no_cluster(tmp_path: Path) -> None:
+    (tmp_path / "meta.properties").write_text(f"version=1\nnode.id=3\ncluster.id={DEFAULT_CLUSTER_ID}\n")
+    assert check_meta(tmp_path, 3) is None
+    (tmp_path / "meta.properties").write_text("version=1\nnode.id=3\ncluster.id=not one!\n")
+    with pytest.raises(DataDirError, match=r"has an unusable cluster\.id \('not one!'\)"):
+        check_meta(tmp_path, 3)

@@ -150,6 +150,7 @@ def test_a_journal_that_cannot_be_written_at_start_is_a_one_line_error(tmp_path:
     data_dir = tmp_path / "full"
     data_dir.mkdir()
     (data_dir / JOURNAL_NAME).write_bytes(encode_frame({"offset": 1, "records": []}))
+    (data_dir / "meta.properties").write_text("version=1\ncluster.id=AAAAAAAAAAAAAAAAAAAAAA\n")  # a past start's
     limit = (data_dir / JOURNAL_NAME).stat().st_size
 
     def no_room() -> None:

@@ -17,7 +17,7 @@ from aiohttp import web
 from common.clock import ManualClock
 from common.config import controller_config
 from common.errors import ErrorCode
-from common.http import RpcClient
+from common.http import RpcBadRequest, RpcClient
 from common.wire import CONTENT_TYPE, TopicPartition, decode, encode
 from controller.controller import Controller
 from controller.server import make_app
@@ -171,6 +171,41 @@ async def _register_as(h: Harness, node_id: int, incarnation: str) -> dict[str, 
                                                 "incarnation_id": incarnation})
 
 
+async def test_a_broker_of_another_cluster_is_refused(h: Harness) -> None:
+    """Found by review: a broker whose data dir came from another cluster registered, joined the ISR and, as
+    leader, served the other cluster's records for this one's offsets. As Kafka's controller: a registration
+    that names another cluster id is INCONSISTENT_CLUSTER_ID; one that names none (a new data dir) is answered
+    with this cluster's id, which the broker records."""
+    await h.add_broker(1)
+    cluster_id = h.c.cluster_id
+    assert len(cluster_id) == 22 and (await h.call("metadata", {"topics": None}))["cluster_id"] == cluster_id
+    fb = FakeBroker(2)
+    await fb.start()
+    h.brokers[2] = fb
+    body = {"node_id": 2, "host": "127.0.0.1", "port": fb.port, "incarnation_id": "inc-2"}
+    refused = await h.call("broker_registration", {**body, "cluster_id": "another-cluster"})
+    assert (refused["error"], refused["broker_epoch"]) == (ErrorCode.INCONSISTENT_CLUSTER_ID, -1)
+    assert [b["node_id"] for b in (await h.call("metadata", {"topics": None}))["brokers"]] == [1]
+    for bad in ("a b", "", "x" * 65, 5):
+        with pytest.raises(RpcBadRequest, match="cluster_id"):
+            await h.call("broker_registration", {**body, "cluster_id": bad})
+    ok = await h.call("broker_registration", {**body, "cluster_id": cluster_id})
+    assert ok["error"] == 0 and ok["broker_epoch"] > 0 and ok["cluster_id"] == cluster_id
+    await h.stop_controller()
+    await h.start_controller()  # kept in the data dir
+    assert h.c.cluster_id == cluster_id
+
+
+async def test_a_controller_data_dir_without_a_usable_cluster_id_does_not_start(tmp_path: Path) -> None:
+    from controller.journal import JournalCorruptError
+
+    (tmp_path / "meta.properties").write_text("version=1\ncluster.id=not one!\n")
+    controller = Controller(tmp_path, controller_config({}), ManualClock(0), stall_guard=False)
+    with pytest.raises(JournalCorruptError, match=r"has no usable cluster\.id \('not one!'\); the brokers of"):
+        await controller.start()
+    await controller.close()
+
+
 async def test_another_incarnation_is_refused_while_the_registered_one_has_a_session(h: Harness) -> None:
     """Kafka's DUPLICATE_BROKER_REGISTRATION: a second process with the same node id (or a restart before the
     old session ended) gets no epoch; it gets one once the registered incarnation is fenced."""
@@ -180,7 +215,7 @@ async def test_another_incarnation_is_refused_while_the_registered_one_has_a_ses
     before = await h.partition("t", 0)
     first = h.epochs[1]
     twin = await _register_as(h, 1, "twin")
-    assert twin == {"error": ErrorCode.DUPLICATE_BROKER_REGISTRATION, "broker_epoch": -1}
+    assert (twin["error"], twin["broker_epoch"]) == (ErrorCode.DUPLICATE_BROKER_REGISTRATION, -1)
     assert await h.partition("t", 0) == before, "nothing changed"
     assert not (await h.heartbeat(1))["error"], "the registered incarnation keeps its epoch"
     again = await h.register(1)  # the same incarnation registering again (a lost answer): a new epoch
