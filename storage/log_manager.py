@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import shutil
 import threading
@@ -93,6 +94,13 @@ class LogManager:
     async def load(self) -> None:
         """Open every ``<topic>-<partition>`` directory, recovering from the checkpointed recovery points."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        for name in (HW_CHECKPOINT, RECOVERY_CHECKPOINT, LOG_START_CHECKPOINT):
+            path = self.data_dir / name
+            if os.path.lexists(path) and not path.is_file():
+                # as Kafka, which fails at load: this broker would start, lead, and halt at its first
+                # checkpoint write (5 s later for the HW)
+                raise StorageError(f"{path} is not a regular file: the {name} checkpoint can never be written; "
+                                   "remove it and start again")
         recovery = self._read_checkpoint(RECOVERY_CHECKPOINT)
         starts = self._read_checkpoint(LOG_START_CHECKPOINT)
         default = LogConfig.from_config(self.config)

@@ -69,6 +69,16 @@ async def test_unreadable_checkpoints_fall_back_to_full_recovery(tmp_path: Path)
     await mgr.close()
 
 
+@pytest.mark.parametrize("name", [HW_CHECKPOINT, RECOVERY_CHECKPOINT, LOG_START_CHECKPOINT])
+async def test_a_checkpoint_path_that_is_a_directory_fails_the_load(tmp_path: Path, name: str) -> None:
+    # Found by review: it was read as unreadable (a warning) and the broker started, led, and halted at its
+    # first checkpoint write; Kafka fails at load
+    (tmp_path / name).mkdir()
+    mgr = LogManager(tmp_path, broker_config(), ManualClock(TS))
+    with pytest.raises(StorageError, match=rf"{name} is not a regular file: the {name} checkpoint can never"):
+        await mgr.load()
+
+
 async def test_tick_runs_retention_bounded_by_hw_and_checkpoints(tmp_path: Path) -> None:
     clock = ManualClock(TS)
     hws = {A: 0}
