@@ -295,6 +295,11 @@ class Log:
                     and seg.next_offset != bases[i + 1]):
                 self._drop_after(bases[i + 1:], seg)
                 break
+            if i + 1 < len(bases) and seg.next_offset != bases[i + 1]:
+                # two trusted segments that do not meet (a segment file gone, or one whose indexes were
+                # believed over a damaged tail): a hole reads return the next segment's batches across, as in
+                # Kafka, which does not look. Said, so that an operator can tell where offsets are missing.
+                self._log.warning("log_has_a_hole", offset=seg.next_offset, next_segment_base_offset=bases[i + 1])
         if not self.segments:
             start = log_start_offset or 0
             self.segments.append(LogSegment.create(self.dir, start, self.config.index_interval_bytes, now))

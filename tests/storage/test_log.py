@@ -6,6 +6,7 @@ import struct
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from common.clock import ManualClock
 from common.wire import TopicPartition
@@ -837,6 +838,26 @@ def test_a_header_gone_bad_at_the_end_of_an_older_segment_is_not_trusted(pdir: P
     seg.write_bytes(bytes(data))
     log = Log.open(pdir, cfg, ManualClock(TS), recovery_point=end, log_start_offset=0)
     assert log.segments[0].next_offset == first_end - 2  # the damaged batch's base: its two offsets are gone
+    log.close()
+
+
+def test_a_missing_segment_below_the_recovery_point_is_reported(pdir: Path) -> None:
+    # Found by review: nothing said that offsets were missing (Kafka does not look either); the hole stays
+    cfg = LogConfig(segment_bytes=600)
+    log = Log.open(pdir, cfg, ManualClock(TS))
+    for i in range(12):
+        log.append_as_leader(batch(2, tag=i, size=20), 0)
+    bases = [s.base_offset for s in log.segments]
+    end = log.log_end_offset
+    assert len(bases) >= 3
+    log.close()
+    for suffix in ("log", "index", "timeindex"):
+        (pdir / f"{bases[1]:020d}.{suffix}").unlink()
+    with capture_logs() as logs:
+        log = Log.open(pdir, cfg, ManualClock(TS), recovery_point=end, log_start_offset=0)
+    assert [(e["log_level"], e["offset"], e["next_segment_base_offset"]) for e in logs
+            if e["event"] == "log_has_a_hole"] == [("warning", bases[1], bases[2])]
+    assert log.log_end_offset == end
     log.close()
 
 
