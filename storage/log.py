@@ -452,8 +452,7 @@ class Log:
         are deleted (durably: a later truncation must not find one it does not know about); a damaged one
         falls back to the next older."""
         # regular files only, as Kafka's isSnapshotFile: a directory so named failed the whole broker's start
-        found = sorted(o for o in (snapshot_offset(p.name) for p in self.dir.iterdir() if p.is_file())
-                       if o is not None)
+        found = sorted(o for p in self.dir.iterdir() if (o := snapshot_offset(p.name)) is not None and p.is_file())
         doomed = [o for o in found if o > self.log_end_offset]
         for offset in doomed:
             self._log.warning("producer_snapshot_ahead_of_log", snapshot_offset=offset, offset=self.log_end_offset)

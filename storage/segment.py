@@ -134,17 +134,18 @@ class LogSegment:
             return False
         return header.base_offset == offsets.keys[-1]
 
-    def reload_tail(self) -> bool:
+    def reload_tail(self, *, check_headers: bool = True) -> bool:
         """Next offset, running max timestamp and index spacing from a header scan after the last
-        index entry; False if the scan does not end exactly at the end of the file, or a header there is
-        not one (magic, record count against last offset delta, offsets following on): a batch whose bytes
-        after its first 16 went bad was taken for whole, the log's end put inside it."""
+        index entry; False if the scan does not end exactly at the end of the file, or (``check_headers``,
+        at open) a header there is not one (magic, record count against last offset delta, offsets
+        following on): a batch whose bytes after its first 16 went bad was taken for whole, the log's end
+        put inside it."""
         start = self.offsets.values[-1] if self.offsets else 0
         next_offset = self.offsets.keys[-1] if self.offsets else self.base_offset
         max_ts = self.times.keys[-1] if self.times else ix.NO_TIMESTAMP
         end = start
         for pos, h in self.scan(start):
-            if h.base_offset != next_offset or not _plausible(h):
+            if check_headers and (h.base_offset != next_offset or not _plausible(h)):
                 return False
             next_offset = h.next_offset
             max_ts = max(max_ts, h.max_timestamp)
@@ -373,14 +374,26 @@ class LogSegment:
         return region if first == 0 and end == len(region) else region[first:end]
 
     def max_timestamp_from(self, min_offset: int) -> int | None:
-        """The largest batch max_timestamp among the batches holding offsets at or after ``min_offset``; None
-        when there are none. The running maximum when the whole segment counts, else a scan of the headers."""
+        """The largest timestamp of the records at or after ``min_offset``; None when there are none. The
+        running maximum when the whole segment counts; else the records of the batch holding ``min_offset``
+        (its max timestamp may be a record's below it) and the headers of the batches after it."""
         if min_offset <= self.base_offset:
             return self.rule.max_timestamp if self.size else None
         found = self.position_of(min_offset)
         if found is None:
             return None
-        return max(h.max_timestamp for _, h in self.scan(found[0]))
+        pos, first = found
+        tops = [h.max_timestamp for _, h in self.scan(pos + first.size)]
+        if first.base_offset >= min_offset:
+            tops.append(first.max_timestamp)
+        else:
+            try:
+                records = decode_records(os.pread(self.fd, first.size, pos))
+            except InvalidBatchError:
+                records = []  # as find_timestamp: such a batch counts by its header
+                tops.append(first.max_timestamp)
+            tops += [record_timestamp(first, r) for r in records if first.base_offset + r.offset_delta >= min_offset]
+        return max(tops, default=None)
 
     def find_timestamp(self, ts: int, min_offset: int = 0) -> tuple[int, int, int] | None:
         """(timestamp, offset, leader_epoch) of the first record at or after ``min_offset`` with timestamp >= ts."""
@@ -416,7 +429,9 @@ class LogSegment:
         self.size = pos
         self.offsets.truncate_values_from(pos)
         self.times.truncate_count(len([o for o in self.times.values if o < found[1].base_offset]))
-        self.reload_tail()
+        # the batches kept are not judged here (a batch gone bad below the cut stays, as in Kafka, whose
+        # truncation reads nothing): the tail's headers are read for the index state only
+        self.reload_tail(check_headers=False)
         self.persist_indexes(fsync=False)
         return removed
 

@@ -668,6 +668,20 @@ def test_max_timestamp_leaves_out_records_below_the_log_start(pdir: Path) -> Non
     log.close()
 
 
+def test_max_timestamp_counts_only_the_records_of_the_first_batch_at_or_after_the_log_start(pdir: Path) -> None:
+    # Found by review: the batch holding the log start counted by its header, whose max timestamp was a record
+    # below the log start; nothing in the segment then matched it, and -3 answered none
+    log = open_log(pdir)
+    log.append_as_leader(rb.build_batch([(None, b"a", TS + 900), (None, b"b", TS + 100)], timestamp_ms=TS), 0)
+    log.append_as_leader(rb.build_batch([(None, b"c", TS + 300), (None, b"d", TS + 301)], timestamp_ms=TS), 0)
+    log.maybe_increment_log_start_offset(1)
+    assert log.fetch_offset_by_timestamp(MAX_TIMESTAMP) == TimestampOffset(TS + 301, 3, 0)
+    log.append_as_leader(rb.build_batch([(None, b"e", TS + 50)], timestamp_ms=TS), 0)
+    log.maybe_increment_log_start_offset(2)
+    assert log.fetch_offset_by_timestamp(MAX_TIMESTAMP) == TimestampOffset(TS + 301, 3, 0)
+    log.close()
+
+
 def test_max_timestamp_of_a_log_append_time_batch_is_its_first_record(pdir: Path) -> None:
     log = open_log(pdir)
     log.append_as_leader(batch(2, ts=TS + 10), 0)
@@ -818,6 +832,22 @@ def test_a_last_batch_whose_header_went_bad_is_cut_after_a_clean_stop(pdir: Path
     log = Log.open(pdir, LogConfig(), ManualClock(TS), recovery_point=end, log_start_offset=0)
     assert log.log_end_offset == 9 and seg.stat().st_size == last
     assert log.append_as_leader(batch(1), 0).first_offset == 9
+    log.close()
+
+
+def test_a_truncation_over_a_batch_gone_bad_below_the_cut_ends_the_log_at_the_cut(pdir: Path) -> None:
+    # Found by review: truncate_to re-read its tail with the open's header checks, which stopped at the bad
+    # batch before setting anything: the log end stayed at 10 with 6 offsets left in the file
+    log = open_log(pdir)
+    for _ in range(5):
+        log.append_as_leader(batch(2), 0)
+    seg = pdir / f"{0:020d}.log"
+    second = [p for p, _ in iter_batches(seg.read_bytes())][1]
+    with open(seg, "r+b") as f:
+        f.seek(second + 16)
+        f.write(b"\x00")  # magic
+    log.truncate_to(6)
+    assert log.log_end_offset == 6 and log.append_as_leader(batch(1), 0).first_offset == 6
     log.close()
 
 
