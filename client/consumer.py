@@ -207,6 +207,9 @@ class Consumer:
                                       request_timeout_ms=config.request_timeout_ms)
         self._positions = Positions()
         self._buffer: deque[ConsumerRecord] = deque()
+        # fetched records of paused partitions, kept out of _buffer (which poll and every fetch round read)
+        # until resume, in order: a paused partition with a large backlog cost each poll a pass over it
+        self._held: dict[TopicPartition, deque[ConsumerRecord]] = {}
         self._in_flight: dict[str, asyncio.Task[_FetchResult]] = {}
         self._fetching: set[TopicPartition] = set()
         self._backoff_until: dict[TopicPartition, int] = {}
@@ -246,6 +249,7 @@ class Consumer:
         self._positions.assign(tps)
         self.metadata.add_topics({tp.topic for tp in tps})
         self._buffer = deque(r for r in self._buffer if TopicPartition(r.topic, r.partition) in set(tps))
+        self._held = {tp: held for tp, held in self._held.items() if tp in set(tps)}
 
     def assignment(self) -> list[TopicPartition]:
         self._check_open()
@@ -298,6 +302,9 @@ class Consumer:
         tp = self._assigned([tp])[0]
         while True:  # until it has one, as Kafka's position() (a seek_to_* meanwhile: its reset, not ours)
             self._check_open()
+            held = self._held.get(tp)
+            if held:
+                return held[0].offset
             for r in self._buffer:
                 if r.topic == tp.topic and r.partition == tp.partition:
                     return r.offset
@@ -331,8 +338,18 @@ class Consumer:
         records (those already fetched wait, in order) until ``resume``. Their positions stay; seeks and
         offset lookups work as before. NotAssignedError for a partition not assigned."""
         self._check_open()
-        tps = self._assigned(_partition_list(partitions, "pause"))
+        tps = set(self._assigned(_partition_list(partitions, "pause"))) - self._positions.paused
+        if not tps:
+            return
         self._positions.paused.update(tps)
+        kept: deque[ConsumerRecord] = deque()
+        for r in self._buffer:
+            tp = TopicPartition(r.topic, r.partition)
+            if tp in tps:
+                self._held.setdefault(tp, deque()).append(r)
+            else:
+                kept.append(r)
+        self._buffer = kept
 
     def resume(self, partitions: Iterable[TopicPartition | tuple[str, int]]) -> None:
         """Kafka's ``resume``: fetch these partitions again and hand out their records (a partition not paused
@@ -340,6 +357,8 @@ class Consumer:
         self._check_open()
         tps = self._assigned(_partition_list(partitions, "resume"))
         self._positions.paused.difference_update(tps)
+        for tp in tps:
+            self._buffer.extend(self._held.pop(tp, ()))
 
     def paused(self) -> set[TopicPartition]:
         """The partitions paused (Kafka's ``paused``)."""
@@ -348,6 +367,7 @@ class Consumer:
 
     def _drop_buffered(self, tp: TopicPartition) -> None:
         self._buffer = deque(r for r in self._buffer if (r.topic, r.partition) != tp)
+        self._held.pop(tp, None)
 
     # -- poll ------------------------------------------------------------------------------------
 
@@ -358,11 +378,11 @@ class Consumer:
         check_int("timeout_ms", timeout_ms, 0)
         limit = self.config.max_poll_records if max_records is None else check_int("max_records", max_records, 1)
         deadline = self._clock.monotonic_ms() + timeout_ms
-        while not self._handable():
+        while not self._buffer:
             # fetches and resets that finished since the last poll first: poll(0) (Kafka's poll(Duration.ZERO))
             # returns what has arrived; it used to give up before looking at them, and a loop of it got nothing
             self._collect([t for t in self._in_flight.values() if t.done()])
-            if self._handable():
+            if self._buffer:
                 break
             needs = self._positions.needs_reset()
             if needs:
@@ -380,25 +400,9 @@ class Consumer:
             self._check_open()  # before the results: close() cancelled the fetches
             self._collect(done)
         out: list[ConsumerRecord] = []
-        paused = self._positions.paused
-        if not paused:
-            while self._buffer and len(out) < limit:
-                out.append(self._buffer.popleft())
-            return out
-        kept: deque[ConsumerRecord] = deque()  # a paused partition's records wait, in order, for its resume
         while self._buffer and len(out) < limit:
-            r = self._buffer.popleft()
-            (kept if (r.topic, r.partition) in paused else out).append(r)
-        kept.extend(self._buffer)
-        self._buffer = kept
+            out.append(self._buffer.popleft())
         return out
-
-    def _handable(self) -> bool:
-        """Records in the buffer that poll may hand out: any, unless all are of paused partitions."""
-        paused = self._positions.paused
-        if not paused or not self._buffer:
-            return bool(self._buffer)
-        return any((r.topic, r.partition) not in paused for r in self._buffer)
 
     def _check_open(self) -> None:
         """Every public method but close, as Kafka's acquireAndEnsureOpen: once closed, a call raised nothing and
@@ -607,7 +611,10 @@ class Consumer:
                 self._positions.move_to_end(tp)
             elif next_offset > fetch_offset and (hw < 0 or next_offset <= hw):
                 self._positions.advance_to(tp, fetch_offset, next_offset)
-            self._buffer.extend(accepted)
+            if tp in self._positions.paused:  # paused while its fetch was out
+                self._held.setdefault(tp, deque()).extend(accepted)
+            else:
+                self._buffer.extend(accepted)
             if corrupt is not None and not accepted and self._positions.get(tp).offset == fetch_offset:
                 self._backoff([tp])
                 raise corrupt  # the position is at the batch that does not decode
@@ -650,6 +657,8 @@ class Consumer:
         if self._positions.validated(tp, offset, end_offset, epoch):
             self._buffer = deque(r for r in self._buffer
                                  if (r.topic, r.partition) != tp or r.offset < end_offset)
+            if tp in self._held:
+                self._held[tp] = deque(r for r in self._held[tp] if r.offset < end_offset)
 
     def _out_of_range(self, tp: TopicPartition, offset: int, log_start: int, log_end: int) -> None:
         state = self._positions.get(tp)
