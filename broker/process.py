@@ -124,6 +124,10 @@ def check_meta(data_dir: Path, node_id: int) -> str | None:
         except OSError as exc:
             raise DataDirError(f"cannot read {path}: {exc}") from None
         owner = props.get("node.id")
+        if owner is None and "cluster.id" in props:
+            raise DataDirError(f"{path} has a cluster.id and no node.id: {data_dir} looks like the controller's "
+                               "data dir; give the broker a --data-dir of its own (or, if it is this broker's, "
+                               "put its node.id back)")
         if owner is None:
             try:
                 text = path.read_text(encoding="utf-8")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import os
 import random
 import uuid
 from collections.abc import Callable, Sequence
@@ -34,6 +35,7 @@ from controller.propagator import DELETE_EPOCH, Propagator, Transport
 from controller.rules import ElectionReason, expired_brokers
 from controller.state import (
     NO_LEADER,
+    ClusterIdRecord,
     ControllerEpochRecord,
     MetadataImage,
     ProducerIdsRecord,
@@ -111,7 +113,7 @@ class Controller:
         self._tasks: list[asyncio.Task[None]] = []
         self._stall_guard = stall_guard  # off in tests that move a ManualClock by hand
         self.fatal = asyncio.Event()  # set when the controller cannot go on (journal write failed)
-        self.cluster_id = ""  # from the data dir's meta.properties at start (load_cluster_id)
+        self.cluster_id = ""  # from the metadata journal at start (made there at the first start)
 
     def _replicas_deleted(self, node_id: int, tps: list[TopicPartition]) -> None:
         """A broker acknowledged StopReplica(delete): record it (a task: the sender must not wait on the lock)."""
@@ -152,13 +154,27 @@ class Controller:
         journal, self.image = await asyncio.to_thread(Journal.open, self.data_dir)
         self._journal = journal
         try:
-            self.cluster_id = await asyncio.to_thread(load_cluster_id, self.data_dir)
+            in_file = await asyncio.to_thread(read_cluster_id, self.data_dir)
         except BaseException:
             journal.close()
             raise
         if journal.truncated_bytes:
             log.warning("journal_torn_tail_truncated", bytes=journal.truncated_bytes)
-        await self._commit(ops.Plan([ControllerEpochRecord(self.image.controller_epoch + 1)]))
+        journalled = self.image.cluster_id
+        if journalled is not None and in_file is not None and in_file != journalled:
+            journal.close()
+            raise JournalCorruptError(f"{self.data_dir / META_FILE} names cluster {in_file}, the metadata journal "
+                                      f"{journalled}: the two are not from one controller")
+        first: list[Any] = []
+        if journalled is None:  # a new data dir, or one from before cluster ids: made (or taken from the file)
+            self.cluster_id = in_file or new_cluster_id()
+            first.append(ClusterIdRecord(self.cluster_id))
+            log.info("cluster_id_created", cluster_id=self.cluster_id)
+        else:
+            self.cluster_id = journalled
+        await self._commit(ops.Plan([*first, ControllerEpochRecord(self.image.controller_epoch + 1)]))
+        if in_file != self.cluster_id:  # the file is a copy, written (again) from the journal
+            await asyncio.to_thread(write_cluster_id, self.data_dir, self.cluster_id)
         now = self.clock.monotonic_ms()
         self.last_heard = {b: now for b in self.image.unfenced()}
         self.metrics.active.set(1)
@@ -535,29 +551,30 @@ class Controller:
 META_FILE = "meta.properties"
 
 
-def load_cluster_id(data_dir: Path) -> str:
-    """The cluster id in ``data_dir``'s meta.properties, made on the first start (a random UUID in Kafka's
-    22-character base64url form) and kept for good: brokers record it at their first registration and are
-    refused by a controller with another (``Controller.check_cluster_id``). A file without a usable id is
-    damage (JournalCorruptError), not a reason to make a new one, which every broker would then be refused."""
+def read_cluster_id(data_dir: Path) -> str | None:
+    """The cluster id in ``data_dir``'s meta.properties, a copy of the one the metadata journal holds (made at
+    the first start: a random UUID in Kafka's 22-character base64url form, kept for good). None when the file
+    is missing; a file without a usable id is damage (JournalCorruptError)."""
     path = data_dir / META_FILE
-    if not path.exists():
-        cluster_id = new_cluster_id()
-        try:
-            write_atomic(path, f"version=1\ncluster.id={cluster_id}\n")
-        except OSError as exc:
-            raise OSError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from None
-        log.info("cluster_id_created", cluster_id=cluster_id)
-        return cluster_id
+    if not os.path.lexists(path):
+        return None
     try:
         found = read_properties(path).get("cluster.id")
     except (OSError, UnicodeDecodeError) as exc:
         raise JournalCorruptError(f"cannot read {path}: {exc}") from None
     if found is None or not is_cluster_id(found):
         raise JournalCorruptError(f"{path} has no usable cluster.id ({'none' if found is None else repr(found[:80])}); "
-                                  "the brokers of this cluster recorded it: restore the file, or start the whole "
-                                  "cluster from empty data dirs")
+                                  "the brokers of this cluster recorded it: restore the file, or remove it to have it "
+                                  "written again from the metadata journal")
     return found
+
+
+def write_cluster_id(data_dir: Path, cluster_id: str) -> None:
+    path = data_dir / META_FILE
+    try:
+        write_atomic(path, f"version=1\ncluster.id={cluster_id}\n")
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def new_cluster_id() -> str:

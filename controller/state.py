@@ -139,8 +139,16 @@ class ProducerIdsRecord:
     next_producer_id: int
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterIdRecord:
+    """The cluster's id, journalled once at the first start (as KRaft's metadata log knows its cluster id);
+    the data dir's meta.properties is a copy of it."""
+
+    cluster_id: str
+
+
 Record = (ControllerEpochRecord | RegisterBrokerRecord | BrokerFencingRecord | TopicRecord | PartitionRecord
-          | RemoveTopicRecord | TopicStoppedRecord | ProducerIdsRecord)
+          | RemoveTopicRecord | TopicStoppedRecord | ProducerIdsRecord | ClusterIdRecord)
 
 _TYPES: dict[str, type[Any]] = {
     "controller_epoch": ControllerEpochRecord,
@@ -151,6 +159,7 @@ _TYPES: dict[str, type[Any]] = {
     "remove_topic": RemoveTopicRecord,
     "topic_stopped": TopicStoppedRecord,
     "producer_ids": ProducerIdsRecord,
+    "cluster_id": ClusterIdRecord,
 }
 _NAMES = {cls: name for name, cls in _TYPES.items()}
 
@@ -189,6 +198,7 @@ class MetadataImage:
 
     controller_epoch: int = 0
     last_broker_epoch: int = 0
+    cluster_id: str | None = None  # set once, never changed
     brokers: dict[int, BrokerRegistration] = field(default_factory=dict)
     topics: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> topic configs
     partitions: dict[TopicPartition, PartitionState] = field(default_factory=dict)
@@ -241,6 +251,9 @@ class MetadataImage:
         elif isinstance(rec, ProducerIdsRecord):
             if rec.next_producer_id >= self.next_producer_id:
                 self.last_producer_ids = rec
+        elif isinstance(rec, ClusterIdRecord):
+            if self.cluster_id is None:
+                self.cluster_id = rec.cluster_id
         elif isinstance(rec, TopicStoppedRecord):
             left = self.deleting.get(rec.name)
             if left is not None:
@@ -264,6 +277,8 @@ class MetadataImage:
     def to_snapshot(self) -> dict[str, Any]:
         """The image as records (what a snapshot file holds)."""
         records: list[Record] = [ControllerEpochRecord(self.controller_epoch)]
+        if self.cluster_id is not None:
+            records.append(ClusterIdRecord(self.cluster_id))
         for reg in self.brokers.values():
             records.append(RegisterBrokerRecord(reg.node_id, reg.host, reg.port, reg.incarnation_id,
                                                 reg.broker_epoch))

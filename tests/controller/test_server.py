@@ -194,16 +194,50 @@ async def test_a_broker_of_another_cluster_is_refused(h: Harness) -> None:
     await h.stop_controller()
     await h.start_controller()  # kept in the data dir
     assert h.c.cluster_id == cluster_id
+    # Found by review: a lost meta.properties made a new id, and every broker that registered again was refused.
+    # The metadata journal holds the id; the file is a copy, written again from it.
+    await h.stop_controller()
+    (h.data_dir / "meta.properties").unlink()
+    await h.start_controller()
+    assert h.c.cluster_id == cluster_id
+    assert (h.data_dir / "meta.properties").read_text() == f"version=1\ncluster.id={cluster_id}\n"
 
 
-async def test_a_controller_data_dir_without_a_usable_cluster_id_does_not_start(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("text", "message"), [
+    ("version=1\ncluster.id=not one!\n", r"has no usable cluster\.id \('not one!'\); the brokers of"),
+    ("version=1\ncluster.id=other\n", r"names cluster other, the metadata journal [\w-]{22}: the two are not"),
+])
+async def test_a_controller_meta_properties_that_is_not_the_journals_copy_stops_the_start(
+        tmp_path: Path, text: str, message: str) -> None:
     from controller.journal import JournalCorruptError
 
-    (tmp_path / "meta.properties").write_text("version=1\ncluster.id=not one!\n")
+    first = Controller(tmp_path, controller_config({}), ManualClock(0), stall_guard=False)
+    await first.start()  # journals a cluster id
+    await first.close()
+    (tmp_path / "meta.properties").write_text(text)
     controller = Controller(tmp_path, controller_config({}), ManualClock(0), stall_guard=False)
-    with pytest.raises(JournalCorruptError, match=r"has no usable cluster\.id \('not one!'\); the brokers of"):
+    with pytest.raises(JournalCorruptError, match=message):
         await controller.start()
     await controller.close()
+
+
+async def test_a_controller_data_dir_from_before_cluster_ids_takes_a_new_one_and_keeps_it(tmp_path: Path) -> None:
+    from controller.journal import Journal
+    from controller.state import ControllerEpochRecord, RegisterBrokerRecord
+
+    journal, _ = Journal.open(tmp_path)  # a journal as a controller from before cluster ids left it
+    journal.append([ControllerEpochRecord(1), RegisterBrokerRecord(1, "127.0.0.1", 9001, "a", 1)])
+    journal.close()
+    c = Controller(tmp_path, controller_config({}), ManualClock(0), stall_guard=False)
+    await c.start()
+    made = c.cluster_id
+    assert len(made) == 22 and 1 in c.image.brokers
+    assert (tmp_path / "meta.properties").read_text() == f"version=1\ncluster.id={made}\n"
+    await c.close()
+    c = Controller(tmp_path, controller_config({}), ManualClock(0), stall_guard=False)
+    await c.start()
+    assert c.cluster_id == made
+    await c.close()
 
 
 async def test_another_incarnation_is_refused_while_the_registered_one_has_a_session(h: Harness) -> None:
