@@ -452,8 +452,13 @@ class Consumer:
 
     def _report_unknown(self, tp: TopicPartition) -> None:
         """Log once when metadata says ``tp`` does not exist: it yields nothing (as in Kafka, where an
-        assigned partition that does not exist is retried with a warning) and does not hold up the others."""
+        assigned partition that does not exist is retried with a warning) and does not hold up the others.
+        Raise when the name is one no topic can have (INVALID_TOPIC_EXCEPTION), as Kafka's poll."""
         md = self.metadata.current
+        if md.topic_errors.get(tp.topic) == ErrorCode.INVALID_TOPIC_EXCEPTION and tp not in md.partitions:
+            # as Kafka's poll (Metadata.maybeThrowExceptionForTopic): no topic can ever have that name
+            raise error_for(ErrorCode.INVALID_TOPIC_EXCEPTION,
+                            f"INVALID_TOPIC_EXCEPTION: topic {tp.topic!r} (assigned {tp})")
         if tp in self._reported_unknown or tp.topic not in md.topic_errors or tp in md.partitions:
             return
         self._reported_unknown.add(tp)

@@ -305,6 +305,11 @@ async def test_clients_give_up_at_once_on_a_topic_name_no_topic_can_have(start_b
     async with Consumer(b.address) as consumer:
         with pytest.raises(MinibrokerError, match="INVALID_TOPIC_EXCEPTION: topic 'bad topic!'"):
             await asyncio.wait_for(consumer.assign_topic("bad topic!", timeout_ms=120_000), 20)
+        consumer.assign([("bad topic!", 0)])  # by hand: poll raises, as Kafka's (it returned [] for ever)
+        with pytest.raises(MinibrokerError, match="INVALID_TOPIC_EXCEPTION: topic 'bad topic!'") as info:
+            for _ in range(50):  # bounded
+                await consumer.poll(timeout_ms=100)
+        assert info.value.code is ErrorCode.INVALID_TOPIC_EXCEPTION
 
 
 async def test_diverging_epoch_for_follower(start_broker: StartBroker, controller: FakeController,
