@@ -169,7 +169,7 @@ class Controller:
         if journalled is None:  # a new data dir, or one from before cluster ids: made (or taken from the file)
             self.cluster_id = in_file or new_cluster_id()
             first.append(ClusterIdRecord(self.cluster_id))
-            log.info("cluster_id_created", cluster_id=self.cluster_id)
+            log.info("cluster_id_journalled" if in_file else "cluster_id_created", cluster_id=self.cluster_id)
         else:
             self.cluster_id = journalled
         await self._commit(ops.Plan([*first, ControllerEpochRecord(self.image.controller_epoch + 1)]))
