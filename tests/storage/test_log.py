@@ -851,14 +851,20 @@ def test_a_truncation_over_a_batch_gone_bad_below_the_cut_ends_the_log_at_the_cu
     log.close()
 
 
-def test_a_header_gone_bad_at_the_end_of_an_older_segment_is_not_trusted(pdir: Path) -> None:
-    # the same damage in a segment below the recovery point, opened with its indexes (the tail after the last
-    # index entry is scanned): the batch is validated, and cut
+def _segmented_log(pdir: Path) -> tuple[LogConfig, Log]:
+    """12 two-record batches in segments of 600 bytes (three or more), for the damage tests."""
     cfg = LogConfig(segment_bytes=600)
     log = Log.open(pdir, cfg, ManualClock(TS))
     for i in range(12):
         log.append_as_leader(batch(2, tag=i, size=20), 0)
-    assert len(log.segments) > 2
+    assert len(log.segments) >= 3
+    return cfg, log
+
+
+def test_a_header_gone_bad_at_the_end_of_an_older_segment_is_not_trusted(pdir: Path) -> None:
+    # the same damage in a segment below the recovery point, opened with its indexes (the tail after the last
+    # index entry is scanned): the batch is validated, and cut
+    cfg, log = _segmented_log(pdir)
     first_end, end = log.segments[0].next_offset, log.log_end_offset
     log.close()
     seg = pdir / f"{0:020d}.log"
@@ -873,13 +879,9 @@ def test_a_header_gone_bad_at_the_end_of_an_older_segment_is_not_trusted(pdir: P
 
 def test_a_missing_segment_below_the_recovery_point_is_reported(pdir: Path) -> None:
     # Found by review: nothing said that offsets were missing (Kafka does not look either); the hole stays
-    cfg = LogConfig(segment_bytes=600)
-    log = Log.open(pdir, cfg, ManualClock(TS))
-    for i in range(12):
-        log.append_as_leader(batch(2, tag=i, size=20), 0)
+    cfg, log = _segmented_log(pdir)
     bases = [s.base_offset for s in log.segments]
     end = log.log_end_offset
-    assert len(bases) >= 3
     log.close()
     for suffix in ("log", "index", "timeindex"):
         (pdir / f"{bases[1]:020d}.{suffix}").unlink()
