@@ -125,6 +125,8 @@ class ConsumerConfig:
                             f"{', '.join(r.value for r in OffsetReset)}, got {type(reset).__name__} {reset!r}")
         for name, (lo, hi) in _CONFIG_RANGES.items():
             check_int(name.replace("_", "."), getattr(self, name), lo, hi)
+        if not isinstance(self.check_crcs, bool):  # a string such as "false" would be true
+            raise TypeError(f"check.crcs must be a bool, got {type(self.check_crcs).__name__} {self.check_crcs!r}")
 
 
 @dataclass(frozen=True, slots=True)

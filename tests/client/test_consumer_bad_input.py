@@ -112,6 +112,8 @@ async def test_seek_poll_and_config_refuse_bad_values(fake: FakeCluster) -> None
     with pytest.raises(ValueError, match=r"auto\.offset\.reset must be one of earliest, latest, none"):
         Consumer(fake.bootstrap, auto_offset_reset="smallest")
     assert ConsumerConfig(auto_offset_reset="none").auto_offset_reset is OffsetReset.NONE  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"check\.crcs must be a bool, got str 'false'"):
+        ConsumerConfig(check_crcs="false")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="config must be a ConsumerConfig"):
         Consumer(fake.bootstrap, "x")  # type: ignore[arg-type]
 
