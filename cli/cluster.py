@@ -680,11 +680,14 @@ def up(spec: ClusterSpec, timeout_s: float) -> ClusterSpec:
         had_cluster_file = (root / CLUSTER_FILE).exists()
         all_started = False
         try:
-            for m in spec.members:
+            for i, m in enumerate(spec.members):
                 with deferred_signals():  # a Ctrl-C between fork and here would leave a member nobody knows of
                     spec = spec.with_member(spawn(spec, m))
                     save(spec)
-            all_started = True
+                    # set with the last pid's save, before a deferred signal is raised: a signal that came just
+                    # after the last member was recorded found it False and removed cluster.json and the
+                    # members' dirs, although every member had run (a flaky test_cluster_signals)
+                    all_started = i == len(spec.members) - 1
             asyncio.run(wait_registered(spec, timeout_s))
         except BaseException:
             with deferred_signals():  # another Ctrl-C does not cut the cleanup short
