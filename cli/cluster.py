@@ -461,16 +461,16 @@ def _main_thread() -> bool:
 
 
 @contextlib.contextmanager
-def deferred_signals(note: str | None = None) -> Iterator[None]:
+def deferred_signals(note: str | None = None) -> Iterator[list[int]]:
     """Hold SIGINT, SIGTERM and SIGHUP while a few steps that must not be cut in two run (start a member and
     record its pid; stop what a command started); when they are done the first one held is passed on, once,
     to the handler that was in place (Ctrl-C's: ``KeyboardInterrupt``). ``note`` is printed for every further
     one. Not ``pthread_sigmask``: the processes started meanwhile would inherit the mask and never see
     SIGTERM."""
+    held: list[int] = []  # yielded: the signals held so far
     if not _main_thread():
-        yield
+        yield held
         return
-    held: list[int] = []
 
     def hold(signum: int, _frame: Any) -> None:
         if held and note:
@@ -479,7 +479,7 @@ def deferred_signals(note: str | None = None) -> Iterator[None]:
 
     previous = {s: signal.signal(s, hold) for s in STOP_SIGNALS}
     try:
-        yield
+        yield held
     finally:
         for s, handler in previous.items():
             signal.signal(s, signal.SIG_DFL if handler is None else handler)
@@ -681,13 +681,15 @@ def up(spec: ClusterSpec, timeout_s: float) -> ClusterSpec:
         all_started = False
         try:
             for i, m in enumerate(spec.members):
-                with deferred_signals():  # a Ctrl-C between fork and here would leave a member nobody knows of
+                # a Ctrl-C between fork and here would leave a member nobody knows of
+                with deferred_signals() as signals_held:
                     spec = spec.with_member(spawn(spec, m))
                     save(spec)
-                    # set with the last pid's save, before a deferred signal is raised: a signal that came just
-                    # after the last member was recorded found it False and removed cluster.json and the
-                    # members' dirs, although every member had run (a flaky test_cluster_signals)
-                    all_started = i == len(spec.members) - 1
+                    # set with the last pid's save while signals are held: a signal that came just after the
+                    # block found it still False and removed cluster.json and the members' dirs, although every
+                    # member had run (a flaky test_cluster_signals). One held during the last spawn still counts
+                    # as a start interrupted before every member ran.
+                    all_started = i == len(spec.members) - 1 and not signals_held
             asyncio.run(wait_registered(spec, timeout_s))
         except BaseException:
             with deferred_signals():  # another Ctrl-C does not cut the cleanup short
