@@ -8,7 +8,6 @@ an absurd value.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -17,6 +16,7 @@ from common.config import ConfigError, validate_topic_configs
 from common.wire import (
     MAX_FETCH_WAIT_MS,
     MAX_INT32,
+    MAX_TOPIC_NAME_LENGTH,
     BadRequest,
     TopicPartition,
     field,
@@ -25,18 +25,17 @@ from common.wire import (
     int_list,
     list_field,
     map_items,
+    topic_name_error,
 )
 
 MAX_PARTITIONS_PER_REQUEST = 10_000
-MAX_TOPIC_LENGTH = 249
-_TOPIC_RE = re.compile(r"[a-zA-Z0-9._-]+")
 
 
 def topic_name(body: Mapping[str, Any], name: str = "topic") -> str:
     """A topic name with Kafka's legal characters (it becomes a directory name on disk)."""
     topic = field(body, name, str)
-    if not _TOPIC_RE.fullmatch(topic) or len(topic) > MAX_TOPIC_LENGTH or topic in (".", ".."):
-        raise BadRequest(f"invalid topic name {topic[:60]!r}: use [a-zA-Z0-9._-], at most {MAX_TOPIC_LENGTH}")
+    if topic_name_error(topic) is not None:
+        raise BadRequest(f"invalid topic name {topic[:60]!r}: use [a-zA-Z0-9._-], at most {MAX_TOPIC_NAME_LENGTH}")
     return topic
 MAX_TIMEOUT_MS = 5 * 60 * 1000
 

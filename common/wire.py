@@ -102,7 +102,7 @@ def is_cluster_id(value: object) -> TypeGuard[str]:
 
 
 MAX_TOPIC_NAME_LENGTH = 249
-_LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
+_LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
 
 
 def topic_name_error(name: object) -> str | None:
@@ -114,7 +114,7 @@ def topic_name_error(name: object) -> str | None:
         return "topic name cannot be '.' or '..'"
     if len(name) > MAX_TOPIC_NAME_LENGTH:
         return f"topic name longer than {MAX_TOPIC_NAME_LENGTH} characters"
-    if not _LEGAL_TOPIC.match(name):
+    if not _LEGAL_TOPIC.fullmatch(name):  # not match with "$": that lets a name end in a newline
         return "topic name may contain only ASCII letters, digits, '.', '_' and '-'"
     return None
 

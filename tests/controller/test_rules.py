@@ -81,7 +81,7 @@ def test_assignment_spreads_evenly(n_brokers: int, rf: int, parts: int, start: i
 @pytest.mark.parametrize(
     ("name", "ok"),
     [("orders", True), ("a.b_c-D9", True), ("", False), (".", False), ("..", False), ("a/b", False),
-     ("x" * 249, True), ("x" * 250, False), ("héllo", False), (5, False), (None, False)],
+     ("x" * 249, True), ("x" * 250, False), ("héllo", False), ("abc\n", False), (5, False), (None, False)],
 )
 def test_topic_names(name: object, ok: bool) -> None:
     assert (topic_name_error(name) is None) == ok
