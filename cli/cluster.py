@@ -981,6 +981,10 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
                        help="seconds to wait for the broker to register, or for the controller to answer "
                             "(default 60)")
 
+    def sigkill_timeout_arg(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--timeout", type=non_negative_float("--timeout"), default=40.0,
+                       help="seconds before SIGKILL (default 40, above controlled.shutdown.max.wait.ms)")
+
     def data_dir_arg(q: argparse.ArgumentParser) -> None:
         q.add_argument("--data-dir", default=None,
                        help="cluster directory (default: $MINIBROKER_DATA_DIR or ./minibroker-data)")
@@ -1015,8 +1019,7 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
                       description="Stop every member of the local cluster, brokers first, then the controller "
                                   "(SIGTERM, then SIGKILL after --timeout).")
     data_dir_arg(q)
-    q.add_argument("--timeout", type=non_negative_float("--timeout"), default=40.0,
-                   help="seconds before SIGKILL (default 40, above controlled.shutdown.max.wait.ms)")
+    sigkill_timeout_arg(q)
     q.set_defaults(func=cmd_down)
 
     q = cs.add_parser("stop", help="stop one member and wait for it (SIGTERM, then SIGKILL after --timeout)",
@@ -1025,8 +1028,7 @@ def register(sub: argparse._SubParsersAction[Any], perf: argparse._SubParsersAct
                                   "after --timeout. For a rolling restart: stop, start, next broker.")
     data_dir_arg(q)
     member_arg(q)
-    q.add_argument("--timeout", type=non_negative_float("--timeout"), default=40.0,
-                   help="seconds before SIGKILL (default 40, above controlled.shutdown.max.wait.ms)")
+    sigkill_timeout_arg(q)
     q.set_defaults(func=cmd_stop)
 
     q = cs.add_parser("restart", help="stop one member, then start it again and wait for it",
