@@ -113,7 +113,6 @@ class Controller:
         self._tasks: list[asyncio.Task[None]] = []
         self._stall_guard = stall_guard  # off in tests that move a ManualClock by hand
         self.fatal = asyncio.Event()  # set when the controller cannot go on (journal write failed)
-        self.cluster_id = ""  # from the metadata journal at start (made there at the first start)
 
     def _replicas_deleted(self, node_id: int, tps: list[TopicPartition]) -> None:
         """A broker acknowledged StopReplica(delete): record it (a task: the sender must not wait on the lock)."""
@@ -167,11 +166,9 @@ class Controller:
                                       f"{journalled}: the two are not from one controller")
         first: list[Any] = []
         if journalled is None:  # a new data dir, or one from before cluster ids: made (or taken from the file)
-            self.cluster_id = in_file or new_cluster_id()
-            first.append(ClusterIdRecord(self.cluster_id))
-            log.info("cluster_id_journalled" if in_file else "cluster_id_created", cluster_id=self.cluster_id)
-        else:
-            self.cluster_id = journalled
+            made = in_file or new_cluster_id()
+            first.append(ClusterIdRecord(made))
+            log.info("cluster_id_journalled" if in_file else "cluster_id_created", cluster_id=made)
         await self._commit(ops.Plan([*first, ControllerEpochRecord(self.image.controller_epoch + 1)]))
         if in_file != self.cluster_id:  # the file is a copy, written (again) from the journal
             await asyncio.to_thread(write_cluster_id, self.data_dir, self.cluster_id)
@@ -338,6 +335,11 @@ class Controller:
                  incarnation_id=incarnation_id)
         self.propagator.full_sync(node_id)
         return ErrorCode.NONE, epoch
+
+    @property
+    def cluster_id(self) -> str:
+        """The cluster's id, as the metadata journal holds it ("" before ``start``)."""
+        return self.image.cluster_id or ""
 
     def check_cluster_id(self, node_id: int, cluster_id: str | None) -> ErrorCode:
         """Kafka's registration check: a broker that names another cluster (its data dir's meta.properties)

@@ -196,10 +196,10 @@ async def metadata(c: Controller, body: dict[str, Any]) -> dict[str, Any]:
     topics = body.get("topics")
     if topics is not None and (not isinstance(topics, list) or not all(isinstance(t, str) for t in topics)):
         raise BadRequest("field 'topics' must be a list of strings or nil")
-    return metadata_document(c.image, topics, c.cluster_id)
+    return metadata_document(c.image, topics)
 
 
-def metadata_document(image: MetadataImage, topics: list[str] | None, cluster_id: str) -> dict[str, Any]:
+def metadata_document(image: MetadataImage, topics: list[str] | None) -> dict[str, Any]:
     live = {b for b, reg in image.brokers.items() if not reg.fenced}
     names = sorted(image.topics) if topics is None else topics
     out = []
@@ -216,14 +216,14 @@ def metadata_document(image: MetadataImage, topics: list[str] | None, cluster_id
                           "replicas": list(st.replicas), "isr": list(st.isr),
                           "offline_replicas": [r for r in st.replicas if r not in live]})
         out.append({"topic": name, "error": 0, "configs": dict(image.topics[name]), "partitions": parts})
-    return {"cluster_id": cluster_id or None, "controller_id": CONTROLLER_ID,
+    return {"cluster_id": image.cluster_id, "controller_id": CONTROLLER_ID,
             "controller_epoch": image.controller_epoch,
             "brokers": [image.brokers[b].endpoint() for b in sorted(live)], "topics": out}
 
 
 async def status(request: web.Request) -> web.Response:
     c = request.app[CONTROLLER_KEY]
-    doc = metadata_document(c.image, None, c.cluster_id)
+    doc = metadata_document(c.image, None)
     brokers = [{"node_id": reg.node_id, "host": reg.host, "port": reg.port, "broker_epoch": reg.broker_epoch,
                 "fenced": reg.fenced, "shutting_down": reg.node_id in c.shutting_down}
                for _, reg in sorted(c.image.brokers.items())]
